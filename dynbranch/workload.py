@@ -1,0 +1,169 @@
+"""What a workload gives the orchestrator: request instances, their tools, their scoring.
+
+A workload (``workloads/`` at the top of the repository) loads its data, and for each
+request builds a :class:`RequestInstance`: the request's control flow as an ``async``
+program over a :class:`StageContext`, the tools it calls (with their own per-request state),
+the replay oracle that tells a simulated engine which text the recorded model produced, and
+the scorer that turns the request's outcome into accuracy.
+
+The replay oracle is consulted only by the orchestrator when it builds an engine request,
+and only engines read what it returns. Predictors never see it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from dynbranch.workflow import BranchPoint, RenderedInput, Template
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool call's value and its external effects.
+
+    ``reads`` maps each external resource the call read to the version it saw (C1's
+    read-set); ``writes`` names the resources it changed, whose versions it bumped.
+    """
+
+    value: Any
+    reads: Mapping[str, str] = field(default_factory=dict)
+    writes: tuple[str, ...] = ()
+
+
+class ToolCost(ABC):
+    """How a tool stage's duration is charged on the injected clock."""
+
+    name: str
+
+    @abstractmethod
+    def charge_s(self, measured_s: float) -> float:
+        """Seconds to charge for a call that really took ``measured_s``."""
+
+
+class MeasuredCost(ToolCost):
+    """Charge what the call really took (tools that burn real CPU, e.g. retrieval)."""
+
+    name = "measured"
+
+    def charge_s(self, measured_s: float) -> float:
+        return measured_s
+
+
+@dataclass(frozen=True)
+class ModelledCost(ToolCost):
+    """Charge a fixed modelled latency, for in-memory stand-ins of remote services.
+
+    The measured time is not added: on the virtual clock that keeps runs deterministic; on
+    the real clock the measured part has elapsed and only the remainder is waited out.
+    """
+
+    seconds: float
+    name: str = "modelled"
+
+    def charge_s(self, measured_s: float) -> float:
+        return self.seconds
+
+
+class Tool(ABC):
+    """A tool a request calls. One object per request instance (it may hold state)."""
+
+    name: str
+    schema_version: str
+    cost: ToolCost
+
+    @abstractmethod
+    def is_read_only(self, fields: Mapping[str, Any]) -> bool:
+        """Whether a call with these rendered fields is declared free of external effects.
+
+        Declared, not observed: a fill may only run calls for which this is true.
+        """
+
+    @abstractmethod
+    def call(self, fields: Mapping[str, Any]) -> ToolResult:
+        """Execute the call synchronously. Any exception fails the request's stage."""
+
+
+class BranchScope(Protocol):
+    """An open branch: the workflow resolves it with the candidate(s) it took."""
+
+    def resolve(self, *chosen: str) -> None: ...
+
+
+class StageContext(Protocol):
+    """What a request's program uses to run stages; the orchestrator implements it."""
+
+    request_id: str
+
+    async def llm(self, stage: str, values: Mapping[str, Any]) -> str:
+        """Run an LLM stage on ``values`` and return its output text."""
+
+    async def tool(self, stage: str, values: Mapping[str, Any]) -> Any:
+        """Run a tool stage on ``values`` and return its value."""
+
+    async def human(self, stage: str, values: Mapping[str, Any], think_s: float) -> None:
+        """Wait for a human decision that takes ``think_s`` seconds."""
+
+    def branch(self, point: BranchPoint) -> AbstractAsyncContextManager[BranchScope]:
+        """Open a branch; fills (C2) run while the body decides, and it must resolve."""
+
+
+class RequestInstance(ABC):
+    """One request of a workload, ready to run once."""
+
+    request_id: str
+    template: Template
+
+    @abstractmethod
+    async def run(self, ctx: StageContext) -> Any:
+        """The request's control flow; returns the outcome :meth:`score` reads."""
+
+    @abstractmethod
+    def tool(self, name: str) -> Tool:
+        """The instance's tool called ``name``."""
+
+    @abstractmethod
+    def replay_text(self, rendered: RenderedInput) -> str | None:
+        """The recorded output of an LLM stage with this rendered input (sim engines only).
+
+        ``None`` when the trace has no output for this input (a real engine is needed).
+        """
+
+    @abstractmethod
+    def score(self, outcome: Any) -> float:
+        """Accuracy of the outcome in [0, 1] against the data set's ground truth."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where workloads read data from and cache what they fetch."""
+
+    data_dir: Path | None
+    cache_dir: Path
+
+
+class Workload(ABC):
+    """A named workload: a template and a pool of requests built from real data."""
+
+    name: str
+    template: Template
+
+    def fetch_data(self, data: DataConfig, progress: Callable[[str], None] = print) -> None:
+        """Fetch what this workload can fetch by itself into ``data.cache_dir`` (default: nothing)."""
+
+    @abstractmethod
+    def check_data(self, data: DataConfig) -> None:
+        """Raise :class:`~dynbranch.errors.DataError` now if the data is missing or malformed."""
+
+    @abstractmethod
+    def requests(self, data: DataConfig, n: int, seed: int,
+                 split: str = "test") -> Sequence[RequestInstance]:
+        """``n`` request instances drawn reproducibly (same ``seed`` ⇒ same requests).
+
+        ``split`` is ``test`` (what runs are measured on) or ``train`` (what predictors and
+        pre-populated caches may learn from); the two never share a record.
+        """
