@@ -1,0 +1,68 @@
+"""The zero-duration engine: replays text at once, to measure orchestration overhead.
+
+Every call returns in the same clock instant it arrives, with the text a sim engine would
+emit for it (the replay text, cut at ``max_tokens`` the same way) or an empty string when the
+request carries none. With this engine, a replay's latency is the orchestrator's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from dynbranch.clock import Clock
+from dynbranch.engines.protocol import (
+    Engine,
+    GenerateChunk,
+    GenerateRequest,
+    GenerateResult,
+    LoadSnapshot,
+)
+from dynbranch.engines.sim import EOS_TOKEN_ID, ReplayPlan, replay_plan
+from dynbranch.engines.tokenizer import count_tokens
+from dynbranch.errors import EngineError
+
+_EMPTY = ReplayPlan(pieces=(), token_ids=(EOS_TOKEN_ID,), finish_reason="stop")
+
+
+class ZeroEngine(Engine):
+    """An engine whose every call takes no time; it holds no KV and never queues."""
+
+    def __init__(self, clock: Clock, engine_id: str = "zero-0", *, model: str = "zero") -> None:
+        self.clock, self.engine_id, self.model = clock, engine_id, model
+        self._started = self._closed = False
+
+    async def start(self) -> None:
+        if self._closed:
+            raise EngineError(f"engine {self.engine_id} was shut down")
+        self._started = True
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        if not self._started or self._closed:
+            raise EngineError(f"engine {self.engine_id} is not running (start() it first)")
+        plan = _EMPTY if request.replay_text is None else replay_plan(request)
+        now = self.clock.now()
+        text = "".join(plan.pieces)
+        result = GenerateResult(
+            request_id=request.request_id,
+            text=text,
+            prompt_tokens=count_tokens(request.prompt),
+            output_tokens=len(plan.token_ids),
+            cached_prompt_tokens=0,
+            finish_reason=plan.finish_reason,
+            arrived_at=now,
+            first_scheduled_at=now,
+            first_token_at=now,
+            finished_at=now,
+            engine_id=self.engine_id,
+        )
+        yield GenerateChunk(request.request_id, text, result)
+
+    async def abort(self, request_id: str) -> bool:
+        # NOTE: a call finishes in the instant it arrives, so none is ever in flight.
+        return False
+
+    def load(self) -> LoadSnapshot:
+        return LoadSnapshot(self.engine_id, self.clock.now(), 0, 0, 0, 0)
+
+    async def shutdown(self) -> None:
+        self._closed = True
