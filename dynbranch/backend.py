@@ -1,0 +1,126 @@
+"""Backends: where engines live. The orchestrator sees only :class:`EngineClient` objects.
+
+``local`` runs engines in the orchestrator's own event loop (with either clock); ``ray``
+(in :mod:`dynbranch.cluster`, the only package that imports Ray) runs one engine per Ray
+actor. Both hand the orchestrator the same clients, so the same orchestrator code runs on
+both, and engines are grouped by *model role* (``target`` serves canonical stages; a
+``drafter`` role is for predictors).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dynbranch.clock import Clock
+from dynbranch.engines.protocol import Engine, GenerateRequest, GenerateResult, LoadSnapshot
+
+BACKENDS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The engines of one model role: which kind, which profile or model, how many."""
+
+    kind: str = "sim"
+    profile: str = "qwen3-32b@h200"
+    workers: int = 4
+    model_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+
+
+class EngineClient(ABC):
+    """The orchestrator's handle on one engine, wherever it runs."""
+
+    engine_id: str
+
+    @abstractmethod
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Run one call to completion."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> bool:
+        """Cancel a call by id."""
+
+    @abstractmethod
+    async def load(self) -> LoadSnapshot:
+        """The engine's load snapshot."""
+
+
+class LocalEngineClient(EngineClient):
+    """A client for an engine running in the caller's own event loop."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.engine_id = engine.engine_id
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return await self.engine.generate(request)
+
+    async def abort(self, request_id: str) -> bool:
+        return await self.engine.abort(request_id)
+
+    async def load(self) -> LoadSnapshot:
+        return self.engine.load()
+
+
+class Backend(ABC):
+    """Starts engines for each model role and stops them."""
+
+    name: str
+    clock: Clock
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Start every engine (inside the clock's running loop)."""
+
+    @abstractmethod
+    def clients(self) -> Mapping[str, list[EngineClient]]:
+        """Engine clients by model role; valid after :meth:`start`."""
+
+    @abstractmethod
+    async def shutdown(self) -> None:
+        """Stop every engine; nothing may keep running after this returns."""
+
+    def describe(self) -> str:
+        """One line naming the backend and its engines, for reports."""
+        parts = [f"{role}: {len(cs)}×{cs[0].engine_id.split('-')[0]}"
+                 for role, cs in self.clients().items() if cs]
+        return f"{self.name} ({', '.join(parts)})"
+
+
+class LocalBackend(Backend):
+    """Engines in process: deterministic on the virtual clock, real-time on the real one."""
+
+    name = "local"
+
+    def __init__(self, clock: Clock, roles: Mapping[str, EngineSpec]) -> None:
+        self.clock = clock
+        self._roles = dict(roles)
+        self._engines: dict[str, list[Engine]] = {}
+        self._clients: dict[str, list[EngineClient]] = {}
+
+    async def start(self) -> None:
+        from dynbranch.engines import make_engine
+
+        for role, spec in self._roles.items():
+            engines = [make_engine(spec.kind, profile=spec.profile, clock=self.clock,
+                                   engine_id=f"{spec.kind}-{role}-{i}")
+                       for i in range(spec.workers)]
+            for e in engines:
+                await e.start()
+            self._engines[role] = engines
+            self._clients[role] = [LocalEngineClient(e) for e in engines]
+
+    def clients(self) -> Mapping[str, list[EngineClient]]:
+        return self._clients
+
+    async def shutdown(self) -> None:
+        for engines in self._engines.values():
+            for e in engines:
+                await e.shutdown()
+        self._engines.clear()

@@ -1,0 +1,97 @@
+"""Typed rows of the run log: one per stage execution, branch and request.
+
+These are what ``stages.parquet`` and ``requests.parquet`` hold and what the independent
+checkers (unsafe splices, teardown) read, so every field has one meaning, written here.
+All times are seconds on the run's clock, relative to the run's start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SERVED_FROM = ("exec", "cache", "shadow", "join")
+
+
+@dataclass
+class StageRecord:
+    """One execution (or service from a record) of one stage of one request."""
+
+    request_id: str
+    stage: str
+    kind: str  # llm | tool | human
+    seq: int  # position of this stage among the request's stages
+    coordinate: str | None  # the branch this stage resolved or followed, if any
+    start: float
+    end: float
+    served_from: str = "exec"  # one of SERVED_FROM
+    engine: str = ""  # engine id for llm stages, tool name for tool stages
+    speculative: bool = False
+    reuse_name: str = ""
+    fingerprint: str = ""
+    input_digest: str = ""
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    output_tokens: int = 0
+    queued_s: float = 0.0  # engine-side wait before first schedule
+    engine_s: float = 0.0  # engine-side time of the call (0 for tools)
+    preemptions: int = 0
+    read_set: dict[str, str] = field(default_factory=dict)
+    writes: list[str] = field(default_factory=list)
+    output_digest: str = ""
+    error: str = ""
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    def row(self) -> dict[str, Any]:
+        r = asdict(self)
+        r["duration"] = self.duration
+        return r
+
+
+@dataclass
+class BranchRecord:
+    """One branch a request opened: where, which candidates, what it resolved to."""
+
+    request_id: str
+    coordinate: str
+    candidates: list[str]
+    chosen: list[str]
+    opened_at: float
+    resolved_at: float | None
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RequestRecord:
+    """One request's fate: latency from its *scheduled* arrival, and its accuracy."""
+
+    request_id: str
+    arrival: float  # scheduled arrival
+    start: float  # when the driver actually started it (send lag = start - arrival)
+    end: float
+    status: str  # completed | failed
+    correct: float | None = None
+    error_type: str = ""
+    error: str = ""
+    stages: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.arrival
+
+    @property
+    def send_lag(self) -> float:
+        return self.start - self.arrival
+
+    def row(self) -> dict[str, Any]:
+        r = asdict(self)
+        r["latency"] = self.latency
+        r["send_lag"] = self.send_lag
+        return r

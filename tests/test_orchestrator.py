@@ -1,0 +1,114 @@
+"""The orchestrator on the local backend with simulated engines and the virtual clock."""
+
+import asyncio
+
+import pytest
+
+from dynbranch.arms import get_arm
+from dynbranch.backend import EngineSpec, LocalBackend
+from dynbranch.clock import VirtualClock
+from dynbranch.orchestrator import Orchestrator
+from tests.toy import ToyRequest
+
+
+def run_toy(requests, *, workers=2, arrivals=None, profile="qwen3-8b@rtx4090"):
+    clock = VirtualClock()
+    backend = LocalBackend(clock, {"target": EngineSpec("sim", profile, workers)})
+    arrivals = arrivals or [0.0] * len(requests)
+
+    async def main():
+        await backend.start()
+        try:
+            orch = Orchestrator(clock, backend.clients(), get_arm("floor"))
+            t0 = orch.start_run()
+
+            async def one(req, at):
+                await clock.sleep_until(t0 + at)
+                return await orch.run_request(req, at)
+
+            records = await asyncio.gather(*(one(r, a) for r, a in zip(requests, arrivals)))
+            loads = [await c.load() for c in backend.clients()["target"]]
+            return records, orch, loads
+        finally:
+            await backend.shutdown()
+
+    return clock.run(main())
+
+
+def test_every_stage_is_logged_in_order_with_its_branch():
+    records, orch, loads = run_toy([ToyRequest(0), ToyRequest(1)])
+    assert [r.status for r in records] == ["completed", "completed"]
+    assert [r.correct for r in records] == [1.0, 1.0]
+    rows = [s for s in orch.log.stages if s.request_id == "toy-000"]
+    assert [(s.stage, s.kind, s.seq) for s in rows] == [
+        ("plan", "llm", 0), ("lookup", "tool", 1), ("answer", "llm", 2)]
+    assert all(s.served_from == "exec" and not s.speculative for s in rows)
+    assert [s.coordinate for s in rows] == ["toy/plan/0"] * 3
+    assert rows[1].duration == pytest.approx(0.05)  # the tool's modelled cost, exactly
+    assert rows[1].read_set == {"toy-000/kv": "0"}
+    assert rows[0].engine.startswith("sim-target-") and rows[0].output_tokens > 0
+    assert all(a.end <= b.start + 1e-12 for a, b in zip(rows, rows[1:]))
+    branches = [b for b in orch.log.branches if b.request_id == "toy-000"]
+    assert len(branches) == 1 and branches[0].chosen == ["alpha"]
+    assert all(load.running == 0 and load.waiting == 0 for load in loads)
+
+
+def test_a_failing_tool_fails_only_its_request():
+    records, orch, _ = run_toy([ToyRequest(0), ToyRequest(1, fail=True), ToyRequest(2)])
+    by_id = {r.request_id: r for r in records}
+    assert by_id["toy-001"].status == "failed"
+    assert by_id["toy-001"].error_type == "ToolCallError"
+    assert "no such key 'beta'" in by_id["toy-001"].error
+    assert by_id["toy-000"].status == by_id["toy-002"].status == "completed"
+    failed_rows = [s for s in orch.log.stages if s.request_id == "toy-001"]
+    assert [s.stage for s in failed_rows] == ["plan", "lookup"]
+    assert failed_rows[-1].error.startswith("LookupError")
+
+
+def test_latency_counts_from_the_scheduled_arrival():
+    records, _, _ = run_toy([ToyRequest(0), ToyRequest(1)], arrivals=[0.0, 5.0])
+    late = records[1]
+    assert late.arrival == 5.0 and late.start == pytest.approx(5.0)
+    assert late.latency == pytest.approx(late.end - 5.0)
+
+
+def test_same_inputs_on_the_virtual_clock_give_identical_logs():
+    def log():
+        reqs = [ToyRequest(i, answer_words=10 + 7 * i) for i in range(12)]
+        _, orch, _ = run_toy(reqs, arrivals=[0.1 * i for i in range(12)])
+        return [s.row() for s in orch.log.stages]
+
+    first, second = log(), log()
+    assert first == second and len(first) == 36
+
+
+def test_contention_makes_concurrent_requests_slower():
+    # Long distinct contexts: prefill compute and KV reads grow with the crowd, so the same
+    # request takes longer among 24 others than alone (from the step model, not a penalty).
+    def req(i):
+        return ToyRequest(i, answer_words=100, context_words=1500)
+
+    alone, _, _ = run_toy([req(0)], workers=1)
+    crowd, _, _ = run_toy([req(i) for i in range(24)], workers=1)
+    assert crowd[0].latency > 1.5 * alone[0].latency
+    assert max(r.latency for r in crowd) > 3 * alone[0].latency
+
+
+class _UnresolvedRequest(ToyRequest):
+    async def run(self, ctx):
+        from dynbranch.workflow import BranchCoordinate, BranchPoint
+
+        async with ctx.branch(BranchPoint(BranchCoordinate("toy", "plan", 0), ("a",))):
+            await ctx.llm("plan", {"question": self.question})
+
+
+class _MisrenderedRequest(ToyRequest):
+    async def run(self, ctx):
+        return await ctx.llm("answer", {"question": self.question})  # no "fact"
+
+
+def test_workflow_mistakes_fail_the_request_with_a_typed_error():
+    records, _, _ = run_toy([_UnresolvedRequest(0), _MisrenderedRequest(1), ToyRequest(2)])
+    assert records[0].error_type == "StageError" and "without resolving" in records[0].error
+    assert records[1].error_type == "RenderError" and "fact" in records[1].error
+    assert records[2].status == "completed"
