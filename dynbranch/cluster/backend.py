@@ -1,0 +1,163 @@
+"""The Ray backend: one engine actor per placement-group bundle.
+
+Each bundle asks for one unit of the custom resource ``dynbranch_engine`` plus the engine's
+device share: one GPU per engine for GPU engines, a CPU fraction for simulated ones. A
+local run declares ``dynbranch_engine`` itself (one unit per worker); a cluster declares
+it per node (one per GPU; see ``ray_cluster/``). The same placement code therefore puts one
+engine on each GPU of a cluster and a CPU fraction each on a laptop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+
+from dynbranch.backend import Backend, EngineClient, EngineSpec
+from dynbranch.clock import Clock
+from dynbranch.engines.protocol import GenerateRequest, GenerateResult, LoadSnapshot
+from dynbranch.errors import ConfigError
+
+ENGINE_RESOURCE = "dynbranch_engine"
+GPU_ENGINES = ("vllm",)
+"""Engine kinds that need a whole GPU per actor."""
+CPU_PER_SIM_ENGINE = 0.25
+PLACEMENT_TIMEOUT_S = 60.0
+
+
+def connect(address: str | None, workers: int) -> bool:
+    """Join the cluster at ``address`` (or ``RAY_ADDRESS``), else start a local one.
+
+    Returns whether this call started Ray (and so should stop it). A local instance
+    declares ``workers`` units of :data:`ENGINE_RESOURCE`.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(resources={ENGINE_RESOURCE: workers}, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+    return True
+
+
+class RayEngineClient(EngineClient):
+    """The orchestrator's handle on an engine actor."""
+
+    def __init__(self, actor, engine_id: str) -> None:
+        self._actor, self.engine_id = actor, engine_id
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return await self._actor.generate.remote(request)
+
+    async def abort(self, request_id: str) -> bool:
+        return await self._actor.abort.remote(request_id)
+
+    async def load(self) -> LoadSnapshot:
+        return await self._actor.load.remote()
+
+
+class RayBackend(Backend):
+    """Engines as Ray actors in one placement group; the orchestrator stays in the driver."""
+
+    name = "ray"
+
+    def __init__(self, clock: Clock, roles: Mapping[str, EngineSpec], *,
+                 address: str | None = None) -> None:
+        if clock.kind != "real":
+            raise ConfigError("the Ray backend runs on the real clock only")
+        self.clock, self._roles, self._address = clock, dict(roles), address
+        self._actors: list = []
+        self._clients: dict[str, list[EngineClient]] = {}
+        self._pg = None
+        self._started_ray = False
+
+    def _bundles(self) -> list[dict[str, float]]:
+        bundles = []
+        for spec in self._roles.values():
+            share = {"GPU": 1.0} if spec.kind in GPU_ENGINES else {"CPU": CPU_PER_SIM_ENGINE}
+            bundles += [{ENGINE_RESOURCE: 1.0, **share} for _ in range(spec.workers)]
+        return bundles
+
+    async def start(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundles = self._bundles()
+        self._started_ray = connect(self._address, len(bundles))
+        _check_capacity(bundles)
+        self._pg = placement_group(bundles, strategy="PACK", name="")
+        try:
+            await _wait(self._pg.ready(), PLACEMENT_TIMEOUT_S)
+        except TimeoutError:
+            raise ConfigError(f"placement group {bundles} not placed within "
+                              f"{PLACEMENT_TIMEOUT_S:.0f}s; cluster has "
+                              f"{ray.available_resources()}") from None
+        from dynbranch.cluster.engine_actor import EngineActor
+
+        remote_cls = ray.remote(EngineActor)
+        index = 0
+        for role, spec in self._roles.items():
+            clients = []
+            for i in range(spec.workers):
+                engine_id = f"{spec.kind}-{role}-{i}"
+                bundle = bundles[index]
+                actor = remote_cls.options(
+                    num_cpus=bundle.get("CPU", 0.0), num_gpus=bundle.get("GPU", 0.0),
+                    resources={ENGINE_RESOURCE: 1.0}, max_concurrency=10_000,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self._pg, placement_group_bundle_index=index),
+                ).remote(spec.kind, spec.profile, engine_id)
+                self._actors.append(actor)
+                clients.append(RayEngineClient(actor, engine_id))
+                index += 1
+            self._clients[role] = clients
+        await _gather([a.start.remote() for a in self._actors])
+
+    def clients(self) -> Mapping[str, list[EngineClient]]:
+        return self._clients
+
+    async def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        try:
+            if self._actors:
+                await _gather([a.shutdown.remote() for a in self._actors])
+        finally:
+            for a in self._actors:
+                ray.kill(a)
+            self._actors.clear()
+            if self._pg is not None:
+                remove_placement_group(self._pg)
+                self._pg = None
+            if self._started_ray:
+                ray.shutdown()
+
+
+def _check_capacity(bundles: list[dict[str, float]]) -> None:
+    import ray
+
+    need: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    have = ray.cluster_resources()
+    short = {k: (v, have.get(k, 0.0)) for k, v in need.items() if have.get(k, 0.0) < v}
+    if short:
+        detail = ", ".join(f"{k}: need {n:g}, cluster has {h:g}" for k, (n, h) in short.items())
+        hint = (f" Start Ray with --resources='{{\"{ENGINE_RESOURCE}\": N}}' (N = engines per "
+                f"node, one per GPU), as ray_cluster/ does." if ENGINE_RESOURCE in short else "")
+        raise ConfigError(f"the Ray cluster cannot hold the engines ({detail}).{hint}")
+
+
+async def _wait(ref, timeout: float):
+    return await asyncio.wait_for(asyncio.ensure_future(ref), timeout)
+
+
+async def _gather(refs):
+    return await asyncio.gather(*refs)
