@@ -1,0 +1,858 @@
+"""The Routing workload on BFCL: loading, split, drawing, replay, the ``bfcl`` tool, scoring.
+
+Fixture tests (``tests/fixtures/bfcl``: hand-written records, docs and toy API classes in
+BFCL's layout) always run. Tests marked ``network`` need the real ``bfcl-eval`` wheel: they
+fetch it once per session into ``$DYNBRANCH_CACHE`` (or a temporary cache) and skip, saying
+so, only when PyPI cannot be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from dynbranch import datasets
+from dynbranch.datasets import BFCL_SHA256, bfcl_dir, bfcl_root, fetch_bfcl
+from dynbranch.errors import (
+    ChecksumError,
+    ConfigError,
+    DataFetchError,
+    DataMissingError,
+    MalformedRecordError,
+    NotBuiltError,
+    ToolExecutionError,
+    ToolInputError,
+    UnknownNameError,
+)
+from dynbranch.workflow import BranchCoordinate
+from dynbranch.workload import DataConfig, MeasuredCost, ModelledCost
+from workloads import WORKLOAD_NAMES, get_workload
+from workloads.routing import (
+    END_OF_TURN,
+    TEMPLATE,
+    RoutingRequest,
+    RoutingWorkload,
+    draw,
+    load_bfcl,
+    split_of,
+)
+from workloads.routing.apis import ApiState, state_snapshot
+from workloads.routing.calls import CallSyntaxError, ParsedCall, parse_call
+from workloads.routing.effects import MUTATING, READ_ONLY
+from workloads.routing.schema import (
+    SchemaViolation,
+    matches_answer,
+    plausible_call,
+    validate_call,
+)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "bfcl"
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- a sequential test context ----------------------------------------------------------------
+
+
+class SeqContext:
+    """A minimal StageContext: renders each stage, answers LLM stages from replay, runs tools.
+
+    It records every rendered input (so tests can replay them again) and every branch.
+    """
+
+    def __init__(self, request: RoutingRequest, yield_in_llm: bool = False) -> None:
+        self.request, self.request_id = request, request.request_id
+        self.rendered, self.branches, self.tool_results, self.events = [], [], [], []
+        self._yield = yield_in_llm
+
+    async def llm(self, stage, values):
+        rendered = self.request.template.stage(stage).render(values)
+        rendered.input_digest  # noqa: B018 - every input must be canonically encodable
+        self.rendered.append(rendered)
+        self.events.append(("start", stage))
+        if self._yield:
+            await asyncio.sleep(0)
+        text = self.request.replay_text(rendered)
+        assert text is not None, f"replay has no answer for {stage}: {rendered.text[-300:]}"
+        self.events.append(("end", stage))
+        return text
+
+    async def tool(self, stage, values):
+        spec = self.request.template.stage(stage)
+        rendered = spec.render(values)
+        rendered.input_digest  # noqa: B018
+        result = self.request.tool(spec.tool).call(rendered.fields)
+        self.tool_results.append((rendered, result))
+        return result.value
+
+    async def human(self, stage, values, think_s):
+        raise AssertionError("routing has no human stage")
+
+    @asynccontextmanager
+    async def branch(self, point):
+        resolved = []
+
+        class Scope:
+            def resolve(self, *chosen):
+                assert chosen and all(c in point.candidates for c in chosen), chosen
+                resolved.extend(chosen)
+
+        yield Scope()
+        assert resolved, f"branch {point.coordinate} was not resolved"
+        self.branches.append((point, tuple(resolved)))
+
+
+def run(request: RoutingRequest, **kw) -> tuple[SeqContext, object]:
+    ctx = SeqContext(request, **kw)
+    return ctx, asyncio.run(request.run(ctx))
+
+
+def fixture_requests(split: str = "test", n: int | None = None, seed: int = 0, **options):
+    workload = RoutingWorkload(root=FIXTURE, **options)
+    data = DataConfig(None, Path("/nonexistent-cache"))
+    pool = workload.records(data, split)
+    return workload.requests(data, n if n is not None else len(pool), seed, split)
+
+
+def by_record(requests, record_id):
+    return next(r for r in requests if r.record.id == record_id)
+
+
+# -- sessions with the real wheel -------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def bfcl_tree(tmp_path_factory) -> Path:
+    env = os.environ.get("DYNBRANCH_CACHE")
+    cache = Path(env) if env else tmp_path_factory.mktemp("dynbranch-cache")
+    try:
+        return fetch_bfcl(cache, progress=lambda message: None)
+    except ChecksumError:
+        raise
+    except DataFetchError as e:
+        pytest.skip(f"PyPI unreachable, cannot fetch the bfcl-eval wheel: {e}")
+
+
+@pytest.fixture(scope="session")
+def real(bfcl_tree):
+    return load_bfcl(bfcl_tree)
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def test_fixture_loads_all_three_categories():
+    data = load_bfcl(FIXTURE)
+    assert {c: [r.id for r in rs] for c, rs in data.records.items()} == {
+        "multi_turn_base": ["multi_turn_base_0", "multi_turn_base_1"],
+        "multiple": ["multiple_0"],
+        "parallel_multiple": ["parallel_multiple_0"],
+    }
+    mt0, mt1 = data.records["multi_turn_base"]
+    assert mt0.classes == ("GorillaFileSystem", "MathAPI") and mt0.multi_turn
+    assert mt0.turns[1] == "Write 'buy milk' into todo.txt and show me what it says."
+    assert mt0.recorded[2] == ("mean(numbers=[3.0, 5.0, 10.0])",)
+    assert "touch" not in mt1.function_names and "touch" in mt0.function_names  # excluded
+    assert mt1.recorded[1] == ()  # a turn that needs no call
+    (multiple,), (parallel,) = data.records["multiple"], data.records["parallel_multiple"]
+    assert multiple.recorded == (("kitchen.timer(minutes=12.5)",),)  # optional label omitted
+    assert parallel.parallel and parallel.recorded[0] == (
+        "recipe.scale(recipe='pancake', servings=6, units='imperial')",
+        "kitchen.timer(minutes=3.0)",
+        "kitchen.timer(minutes=8.0)",
+    )
+
+
+def _broken_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "bfcl"
+    shutil.copytree(FIXTURE, root)
+    return root
+
+
+def _rewrite(path: Path, record_id: str, change) -> None:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for row in rows:
+        if row["id"] == record_id:
+            change(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+Q, A = "bfcl_eval/data/BFCL_v4_{}.json", "bfcl_eval/data/possible_answer/BFCL_v4_{}.json"
+BROKEN = {
+    "missing field": (
+        Q,
+        "multi_turn_base",
+        "multi_turn_base_0",
+        lambda r: r.pop("question"),
+        "missing field 'question'",
+    ),
+    "wrong type": (
+        Q,
+        "multi_turn_base",
+        "multi_turn_base_1",
+        lambda r: r.update(involved_classes="GorillaFileSystem"),
+        "field 'involved_classes' is str, expected list",
+    ),
+    "unknown class": (
+        Q,
+        "multi_turn_base",
+        "multi_turn_base_1",
+        lambda r: r.update(involved_classes=["NoSuchAPI"]),
+        "NoSuchAPI",
+    ),
+    "turns not aligned": (
+        A,
+        "multi_turn_base",
+        "multi_turn_base_0",
+        lambda r: r["ground_truth"].pop(),
+        "ground truth has 2 turns",
+    ),
+    "unparseable call": (
+        A,
+        "multi_turn_base",
+        "multi_turn_base_0",
+        lambda r: r["ground_truth"][0].append("cd(folder='x'"),
+        "unparseable ground-truth call",
+    ),
+    "non-literal call": (
+        A,
+        "multi_turn_base",
+        "multi_turn_base_0",
+        lambda r: r["ground_truth"][0].append("cd(folder=os.getcwd())"),
+        "not a literal",
+    ),
+    "excluded function": (
+        A,
+        "multi_turn_base",
+        "multi_turn_base_1",
+        lambda r: r["ground_truth"][1].append("touch(file_name='x')"),
+        "names no offered function",
+    ),
+    "unknown single-turn function": (
+        A,
+        "multiple",
+        "multiple_0",
+        lambda r: r.update(ground_truth=[{"nope": {}}]),
+        "names no offered function",
+    ),
+    "required without value": (
+        A,
+        "multiple",
+        "multiple_0",
+        lambda r: r["ground_truth"][0]["kitchen.timer"].update(minutes=[""]),
+        "required 'minutes' has no allowed value",
+    ),
+    "two calls in multiple": (
+        A,
+        "multiple",
+        "multiple_0",
+        lambda r: r["ground_truth"].append(r["ground_truth"][0]),
+        "2 expected calls in a multiple record",
+    ),
+    "doc without type": (
+        Q,
+        "parallel_multiple",
+        "parallel_multiple_0",
+        lambda r: r["function"][0]["parameters"]["properties"]["minutes"].pop("type"),
+        "parameter 'minutes' has no type",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_malformed_record_names_file_record_and_problem(tmp_path, case):
+    template, category, record_id, change, problem = BROKEN[case]
+    root = _broken_copy(tmp_path)
+    path = root / template.format(category)
+    _rewrite(path, record_id, change)
+    with pytest.raises(MalformedRecordError) as err:
+        load_bfcl(root)
+    assert (err.value.path, err.value.record) == (str(path), record_id)
+    assert problem in err.value.problem
+    assert str(path) in str(err.value) and record_id in str(err.value)
+
+
+def test_malformed_json_line_and_missing_ground_truth(tmp_path):
+    root = _broken_copy(tmp_path)
+    questions = root / Q.format("multiple")
+    questions.write_text(questions.read_text() + "{not json\n")
+    with pytest.raises(MalformedRecordError, match=r"record line 2: not JSON"):
+        load_bfcl(root, ("multiple",))
+    questions.write_text(
+        questions.read_text().replace(
+            "{not json\n",
+            json.dumps(
+                {
+                    "id": "multiple_7",
+                    "question": [[{"role": "user", "content": "hi"}]],
+                    "function": [],
+                }
+            )
+            + "\n",
+        )
+    )
+    with pytest.raises(MalformedRecordError, match="multiple_7: no ground truth"):
+        load_bfcl(root, ("multiple",))
+
+
+def test_missing_tree_is_a_data_missing_error(tmp_path):
+    with pytest.raises(DataMissingError, match="dynbranch data bfcl"):
+        load_bfcl(tmp_path, ("multiple",))
+    with pytest.raises(DataMissingError, match="dynbranch data bfcl") as err:
+        RoutingWorkload(fetch=False).check_data(DataConfig(None, tmp_path))
+    assert str(bfcl_dir(tmp_path)) in str(err.value)
+
+
+def test_fetch_data_fetches_into_the_cache_unless_a_root_is_given(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        "workloads.routing.workload.fetch_bfcl",
+        lambda cache, progress: calls.append((cache, progress)),
+    )
+    data = DataConfig(None, tmp_path)
+    RoutingWorkload(root=FIXTURE).fetch_data(data, print)
+    assert calls == []
+    RoutingWorkload(fetch=False).fetch_data(data, print)
+    assert calls == [(tmp_path, print)]
+
+
+# -- split and drawing ------------------------------------------------------------------------
+
+
+def test_split_is_a_fixed_function_of_the_id():
+    assert [
+        split_of(i)
+        for i in ("multi_turn_base_0", "multi_turn_base_1", "multiple_0", "parallel_multiple_0")
+    ] == ["train", "test", "test", "test"]
+    ids = [f"record_{i}" for i in range(4000)]
+    share = Counter(split_of(i) for i in ids)["train"] / len(ids)
+    assert 0.22 < share < 0.28
+    assert [split_of(i) for i in ids] == [split_of(i) for i in ids]
+
+
+def test_splits_are_disjoint_and_requests_stay_in_theirs():
+    workload = RoutingWorkload(root=FIXTURE)
+    data = DataConfig(None, Path("/nonexistent-cache"))
+    train = {r.id for r in workload.records(data, "train")}
+    test = {r.id for r in workload.records(data, "test")}
+    assert train == {"multi_turn_base_0"} and train.isdisjoint(test) and len(test) == 3
+    for split, pool in (("train", train), ("test", test)):
+        assert {r.record.id for r in workload.requests(data, 9, 3, split)} <= pool
+    with pytest.raises(ConfigError, match="split 'dev'"):
+        workload.requests(data, 1, 0, "dev")
+
+
+def test_request_drawing_is_deterministic_and_cycles():
+    first = [r.request_id for r in fixture_requests(n=7, seed=11)]
+    assert first == [r.request_id for r in fixture_requests(n=7, seed=11)]
+    assert first[0].startswith("routing-00000-") and first[6].startswith("routing-00006-")
+    ids = [i.split("-", 2)[2] for i in first]
+    pool = {"multi_turn_base_1", "multiple_0", "parallel_multiple_0"}
+    assert set(ids[0:3]) == set(ids[3:6]) == pool  # each cycle is a permutation
+    orders = {tuple(draw(list("abcdef"), 6, seed)) for seed in range(10)}
+    assert len(orders) > 1  # the seed matters
+    assert draw(list("abc"), 0, 1) == []
+
+
+def test_requests_have_their_own_api_state():
+    requests = fixture_requests(n=6, seed=0)
+    same = [r for r in requests if r.record.id == "multi_turn_base_1"]
+    assert len(same) == 2 and same[0].state is not same[1].state
+    run(same[0])
+    assert same[0].state.versions["GorillaFileSystem"] > 0
+    assert same[1].state.versions["GorillaFileSystem"] == 0
+
+
+# -- the template and the workflow ------------------------------------------------------------
+
+
+def test_template_declares_the_routing_stages():
+    router, handler, executor = (TEMPLATE.stage(s) for s in ("router", "handler", "executor"))
+    assert (TEMPLATE.name, TEMPLATE.version) == ("routing", "1")
+    assert router.kind == handler.kind == "llm" and router.model == "target"
+    assert router.speculable and handler.speculable and executor.speculable
+    assert router.sampling.greedy and handler.sampling.greedy
+    assert executor.tool == "bfcl" and executor.inputs == ("call", "scope")
+    assert TEMPLATE.subgraphs["handle"].root == "handler"
+    assert TEMPLATE.subgraphs["handle"].children == ("executor",)
+
+
+def test_fixture_floor_scores_one_on_every_record():
+    for split in ("train", "test"):
+        for request in fixture_requests(split):
+            _, outcome = run(request)
+            assert request.score(outcome) == 1.0, request.request_id
+
+
+def test_branches_count_router_decisions_and_offer_the_functions():
+    request = by_record(fixture_requests(), "multi_turn_base_1")
+    ctx, outcome = run(request)
+    points = [p for p, _ in ctx.branches]
+    assert [p.coordinate for p in points] == [
+        BranchCoordinate("routing", "router", s) for s in range(7)
+    ]
+    assert outcome.router_decisions == 7  # (1 + 1) + (0 + 1) + (3 + 1)
+    assert points[0].candidates == (*request.record.function_names, END_OF_TURN)
+    assert [c for _, c in ctx.branches] == [
+        ("ls",),
+        (END_OF_TURN,),
+        (END_OF_TURN,),
+        ("mkdir",),
+        ("cd",),
+        ("pwd",),
+        (END_OF_TURN,),
+    ]
+    assert not any(p.multi_valued for p in points)
+    assert outcome.turns[2][2].value == {"current_working_directory": "/home/backup"}
+
+
+def test_parallel_calls_are_one_multi_valued_branch_with_concurrent_handlers():
+    request = by_record(fixture_requests(), "parallel_multiple_0")
+    ctx, outcome = run(request, yield_in_llm=True)
+    (point, chosen), (_, end) = ctx.branches
+    assert (
+        point.multi_valued and chosen == ("recipe.scale", "kitchen.timer") and end == (END_OF_TURN,)
+    )
+    handler_events = [e for e in ctx.events if e[1] == "handler"]
+    assert handler_events[:3] == [("start", "handler")] * 3  # all started before any ended
+    occurrences = [r.fields["occurrence"] for r in ctx.rendered if r.stage == "handler"]
+    assert occurrences == [0, 0, 1]
+    assert [c.call for c in outcome.turns[0]] == list(request.record.recorded[0])
+    assert request.score(outcome) == 1.0
+
+
+def test_router_output_off_the_vocabulary_is_ignored_and_kept():
+    request = by_record(fixture_requests(), "multi_turn_base_1")
+
+    class Noisy(SeqContext):
+        async def llm(self, stage, values):
+            text = await super().llm(stage, values)
+            if stage == "router" and text != END_OF_TURN:
+                return f"rm_everything, {text}, cat"
+            return text
+
+    outcome = asyncio.run(request.run(Noisy(request)))
+    assert request.score(outcome) == 1.0
+    assert outcome.ignored_routes == ["rm_everything", "cat"] * 4
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+
+def test_replay_is_a_pure_function_of_the_rendered_input():
+    requests = fixture_requests("train") + fixture_requests("test")
+    for request in requests:
+        ctx, _ = run(request)
+        twin = RoutingRequest("routing-99999-twin", request.record, request._suite)
+        for rendered in ctx.rendered:
+            expected = request.replay_text(rendered)
+            assert request.replay_text(rendered) == expected  # after the run: no hidden state
+            assert twin.replay_text(rendered) == expected  # another instance, same record
+
+
+def test_replay_of_off_trace_inputs():
+    request = by_record(fixture_requests("train"), "multi_turn_base_0")
+    turn = request.record.turns[0]
+    handler = TEMPLATE.stage("handler")
+    # a function the trace does not call next: a plausible, deterministic call of it
+    cat = handler.render(request.handler_values("cat", 0, turn, []))
+    text = request.replay_text(cat)
+    assert text == request.replay_text(cat) and parse_call(text).name == "cat"
+    assert validate_call(request.record.doc("cat"), parse_call(text))
+    # the trace's next call
+    cd = handler.render(request.handler_values("cd", 0, turn, []))
+    assert request.replay_text(cd) == "cd(folder='notes')"
+    # calls that left the recorded path, a turn not in the record, a foreign doc
+    off = [{"call": "ls()", "result": {}}]
+    assert request.replay_text(handler.render(request.handler_values("cd", 0, turn, off))) is None
+    assert (
+        request.replay_text(handler.render(request.handler_values("cd", 0, "another turn", [])))
+        is None
+    )
+    router = TEMPLATE.stage("router")
+    convo = [{"role": "user", "content": turn}, {"role": "assistant", "content": "ls()"}]
+    assert (
+        request.replay_text(router.render({"functions": request.functions, "conversation": convo}))
+        is None
+    )
+    convo[1]["content"] = "cd(folder='notes')"
+    assert (
+        request.replay_text(router.render({"functions": request.functions, "conversation": convo}))
+        == "touch"
+    )
+    assert (
+        request.replay_text(
+            router.render({"functions": request.functions, "conversation": convo[:1]})
+        )
+        == "cd"
+    )
+    assert (
+        request.replay_text(
+            TEMPLATE.stage("executor").render(request.executor_values("cd(folder='notes')"))
+        )
+        is None
+    )
+
+
+def test_fill_values_match_the_canonical_handler_input():
+    request = by_record(fixture_requests("train"), "multi_turn_base_0")
+    seen = {}
+
+    class Spy(SeqContext):
+        @asynccontextmanager
+        async def branch(self, point):
+            seen[point.coordinate] = {
+                c: request.fill_values(point.coordinate, c) for c in point.candidates
+            }
+            async with super().branch(point) as scope:
+                yield scope
+
+    ctx = Spy(request)
+    asyncio.run(request.run(ctx))
+    first = BranchCoordinate("routing", "router", 0)
+    handler_inputs = [r for r in ctx.rendered if r.stage == "handler"]
+    assert (
+        TEMPLATE.stage("handler").render(seen[first]["cd"]).input_digest
+        == handler_inputs[0].input_digest
+    )
+    assert seen[first][END_OF_TURN] is None
+    assert request.fill_values(first, "cd") is None  # the branch is closed now
+
+
+# -- the bfcl tool ----------------------------------------------------------------------------
+
+
+def _tool(record_id="multi_turn_base_0", split="train"):
+    request = by_record(fixture_requests(split), record_id)
+    return request, request.tool("bfcl")
+
+
+def test_executor_parse_and_argument_errors_are_clear():
+    request, tool = _tool()
+    cases = {
+        "cd(folder='notes'": "not python call syntax",
+        "cd": "not a function call",
+        "cd(folder=open('x'))": "not a literal",
+        "rm(file_name='x')": "no involved class",
+        "cd(folder='x', path='y')": "unexpected keyword",
+        "cd(*x)": "*args are not allowed",
+    }
+    for text, message in cases.items():
+        with pytest.raises(ToolInputError, match=re.escape(message)) as err:
+            tool.call(request.executor_values(text))
+        assert err.value.call == text and err.value.tool == "bfcl"
+        assert not tool.is_read_only(request.executor_values(text))
+    with pytest.raises(KeyError, match="one tool"):
+        request.tool("search")
+
+
+def test_api_exception_becomes_a_recordable_tool_error():
+    request, tool = _tool()
+    with pytest.raises(ToolExecutionError, match="ZeroDivisionError") as err:
+        tool.call(request.executor_values("divide(a=1.0, b=0.0)"))
+    assert isinstance(err.value.__cause__, ZeroDivisionError)
+    assert "divide(a=1.0, b=0.0)" in str(err.value)
+
+
+def test_read_set_versions_and_declared_effects():
+    request, tool = _tool()
+    values = request.executor_values
+    key = f"{request.request_id}/GorillaFileSystem"
+    ls = tool.call(values("ls()"))
+    assert ls.reads == {key: "0"} and ls.writes == ()
+    cd = tool.call(values("cd(folder='notes')"))
+    assert cd.reads == {key: "0"} and cd.writes == (key,)
+    assert tool.call(values("pwd()")).reads == {key: "1"}
+    assert tool.call(values("mean(numbers=[1.0, 2.0])")).reads == {
+        f"{request.request_id}/MathAPI": "0"
+    }
+    assert tool.is_read_only(values("ls(a=True)")) and tool.is_read_only(values("echo('hi')"))
+    assert not tool.is_read_only(values("echo(content='hi', file_name='ideas.txt')"))
+    assert not tool.is_read_only(values("cd('..')")) and not tool.is_read_only(values("mkdir('x')"))
+
+
+def test_tool_cost_is_modelled_per_class_or_measured():
+    request, tool = _tool()
+    tool.call(request.executor_values("ls()"))
+    assert tool.cost == ModelledCost(0.002) and tool.cost.charge_s(5.0) == 0.002
+    single = by_record(fixture_requests(), "multiple_0").tool("bfcl")
+    assert single.cost == ModelledCost(0.001) and single.is_read_only({"call": "x("})
+    measured = by_record(fixture_requests(tool_time="measured"), "multiple_0").tool("bfcl")
+    assert isinstance(measured.cost, MeasuredCost)
+    with pytest.raises(ConfigError, match="tool_time"):
+        RoutingWorkload(tool_time="guessed")
+
+
+def test_schema_validator():
+    doc = {
+        "name": "f",
+        "parameters": {
+            "type": "dict",
+            "required": ["n", "x"],
+            "properties": {
+                "n": {"type": "integer"},
+                "x": {"type": "float"},
+                "mode": {"type": "string", "enum": ["a", "b"]},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "where": {
+                    "type": "dict",
+                    "properties": {"zip": {"type": "integer"}},
+                    "required": ["zip"],
+                },
+                "pair": {"type": "tuple", "items": {"type": "integer"}},
+            },
+        },
+    }
+    ok = validate_call(
+        doc, parse_call("f(3, 2, mode='b', tags=['t'], where={'zip': 1}, pair=(1, 2))")
+    )
+    assert ok == {
+        "name": "f",
+        "arguments": {
+            "n": 3,
+            "x": 2.0,
+            "mode": "b",
+            "tags": ["t"],
+            "where": {"zip": 1},
+            "pair": [1, 2],
+        },
+    }
+    assert isinstance(ok["arguments"]["x"], float)
+    bad = {
+        "f(n=1)": "missing required parameters ['x']",
+        "f(n=1, x=2, y=3)": "unknown parameters ['y']",
+        "f(n=1.5, x=2)": "f.n: expected an integer",
+        "f(n=True, x=2)": "f.n: expected an integer",
+        "f(n=1, x=2, mode='c')": "not one of",
+        "f(n=1, x=2, tags=[1])": "f.tags[0]: expected a string",
+        "f(n=1, x=2, where={})": "missing keys",
+        "g(n=1, x=2)": "the schema is 'f'",
+        "f(1, 2, 'a', [], {}, (), 7)": "takes 6 arguments",
+    }
+    for text, message in bad.items():
+        with pytest.raises(SchemaViolation, match=re.escape(message)):
+            validate_call(doc, parse_call(text))
+    # BFCL's answers pass variables as text where another type is declared
+    assert validate_call(doc, parse_call("f(n='count', x=\"data['x']\")"))
+    with pytest.raises(SchemaViolation):
+        validate_call(doc, parse_call("f(n='12', x=1)"))
+    # plausible calls are valid and deterministic
+    for key in ("a", "b", "c"):
+        text = plausible_call(doc, key)
+        assert text == plausible_call(doc, key) and validate_call(doc, parse_call(text))
+
+
+def test_single_turn_tool_returns_the_normalised_call_and_refuses_bad_ones():
+    request = by_record(fixture_requests(), "multiple_0")
+    tool = request.tool("bfcl")
+    result = tool.call(request.executor_values("kitchen.timer(12)"))
+    assert result.value == {"name": "kitchen.timer", "arguments": {"minutes": 12.0}}
+    assert result.reads == {} and result.writes == ()
+    with pytest.raises(ToolInputError, match="not an offered function"):
+        tool.call(request.executor_values("oven.on(temp=200)"))
+    with pytest.raises(ToolInputError, match="expected a number"):
+        tool.call(request.executor_values("kitchen.timer(minutes='12 min')"))
+
+
+def test_ast_check_against_possible_answers():
+    doc = {
+        "name": "f",
+        "parameters": {
+            "type": "dict",
+            "required": ["city"],
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "opts": {"type": "dict"},
+            },
+        },
+    }
+    answer = {"f": {"city": ["New York", "NYC"], "days": ["", 3], "opts": ["", {"a": [1]}]}}
+    call = validate_call
+    assert matches_answer(doc, call(doc, parse_call("f(city='new york')")), answer)
+    assert matches_answer(
+        doc, call(doc, parse_call("f(city='NYC', days=3, opts={'a': 1})")), answer
+    )
+    assert not matches_answer(doc, call(doc, parse_call("f(city='Boston')")), answer)
+    assert not matches_answer(doc, call(doc, parse_call("f(city='NYC', days=4)")), answer)
+    assert not matches_answer(doc, call(doc, parse_call("f(city='NYC', opts={'b': 1})")), answer)
+    strict = {"f": {"city": ["NYC"], "days": [3]}}
+    assert not matches_answer(doc, call(doc, parse_call("f(city='NYC')")), strict)
+
+
+def test_scores_zero_when_the_outcome_is_wrong():
+    request = by_record(fixture_requests(), "multi_turn_base_1")
+    _, outcome = run(request)
+    outcome.turns[2].pop()  # drop pwd's result
+    assert request.score(outcome) == 0.0
+    _, outcome = run(by_record(fixture_requests(), "multi_turn_base_1"))
+    outcome.states[0]["GorillaFileSystem"]["root"] = {}
+    assert request.score(outcome) == 0.0
+    single = by_record(fixture_requests(), "parallel_multiple_0")
+    _, outcome = run(single)
+    outcome.turns[0].pop()
+    assert single.score(outcome) == 0.0
+
+
+def test_call_parser():
+    assert parse_call(" math.hypot(3, y=-4.5) ") == ParsedCall("math.hypot", (3,), {"y": -4.5})
+    for bad in ("f(x=1, x=2)", "f(**k)", "(lambda: 1)()", "1 + 2", ""):
+        with pytest.raises(CallSyntaxError):
+            parse_call(bad)
+
+
+# -- the registry and import boundary ---------------------------------------------------------
+
+
+def test_workload_registry():
+    assert WORKLOAD_NAMES == ("routing", "react", "subagent", "hci")
+    workload = get_workload("routing", root=FIXTURE, categories=("multiple",))
+    assert isinstance(workload, RoutingWorkload) and workload.categories == ("multiple",)
+    with pytest.raises(NotBuiltError, match="built workloads: routing"):
+        get_workload("react")
+    with pytest.raises(UnknownNameError, match="known workloads: hci, react, routing, subagent"):
+        get_workload("chat")
+    with pytest.raises(ConfigError, match="categories"):
+        get_workload("routing", categories=("live_simple",))
+
+
+def test_routing_imports_neither_ray_nor_vllm():
+    code = (
+        "import sys, workloads, workloads.routing, dynbranch.datasets; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# -- fetching ---------------------------------------------------------------------------------
+
+
+def test_fetch_refuses_a_wheel_with_the_wrong_checksum(tmp_path, monkeypatch):
+    def fake_download(dest: Path) -> Path:
+        wheel = dest / datasets.BFCL_WHEEL
+        wheel.write_bytes(b"not the wheel")
+        return wheel
+
+    monkeypatch.setattr(datasets, "_pip_download", fake_download)
+    messages = []
+    with pytest.raises(ChecksumError, match=BFCL_SHA256) as err:
+        fetch_bfcl(tmp_path, progress=messages.append)
+    assert err.value.expected == BFCL_SHA256
+    assert messages and "fetching bfcl-eval 2026.3.23" in messages[0] and "from PyPI" in messages[0]
+    assert not bfcl_dir(tmp_path).exists()
+    assert list((tmp_path / "bfcl").iterdir()) == []  # the temporary folder is gone
+
+
+@pytest.mark.network
+def test_fetch_is_idempotent_and_detects_a_broken_tree(bfcl_tree, tmp_path, monkeypatch):
+    cache = bfcl_tree.parent.parent
+
+    def no_download(dest):
+        raise AssertionError("an intact tree must not be fetched again")
+
+    monkeypatch.setattr(datasets, "_pip_download", no_download)
+    messages = []
+    assert fetch_bfcl(cache, progress=messages.append) == bfcl_tree and messages == []
+    assert bfcl_root(cache) == bfcl_tree and datasets.verify_bfcl(cache) == []
+    copy = tmp_path / "cache"
+    shutil.copytree(cache / "bfcl", copy / "bfcl", ignore=shutil.ignore_patterns(".fetch-*"))
+    (bfcl_dir(copy) / "bfcl_eval/data/BFCL_v4_multiple.json").unlink()
+    with pytest.raises(DataMissingError, match="dynbranch data bfcl"):
+        bfcl_root(copy)
+    extracted = {p.relative_to(bfcl_tree).as_posix() for p in bfcl_tree.rglob("*") if p.is_file()}
+    assert not any(p.startswith("bfcl_eval/model_handler") for p in extracted)
+    assert "bfcl_eval/utils.py" not in extracted
+
+
+# -- the real data ----------------------------------------------------------------------------
+
+
+@pytest.mark.network
+def test_real_data_loads_and_splits(real):
+    counts = {c: len(rs) for c, rs in real.records.items()}
+    assert counts == {"multi_turn_base": 200, "multiple": 200, "parallel_multiple": 200}
+    train = [r for r in real.all() if split_of(r.id) == "train"]
+    assert 0.2 < len(train) / 600 < 0.3
+
+
+@pytest.mark.network
+def test_every_method_of_the_eight_classes_is_declared_once(real):
+    assert set(real.suite.classes) == set(READ_ONLY) == set(MUTATING)
+    for name, cls in real.suite.classes.items():
+        public = {
+            n for n, _ in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")
+        }
+        assert READ_ONLY[name] | MUTATING[name] == public, name
+        assert not READ_ONLY[name] & MUTATING[name], name
+
+
+@pytest.mark.network
+def test_read_only_declarations_hold_on_every_ground_truth_call(real):
+    checked = Counter()
+    for record in real.records["multi_turn_base"]:
+        state = ApiState(real.suite, record.classes, record.initial_config)
+        request = RoutingRequest(f"ro-{record.id}", record, real.suite)
+        tool = request.tool("bfcl")
+        for calls in record.recorded:
+            for text in calls:
+                call = parse_call(text)
+                cls, bound = state.bind(call)
+                read_only = tool.is_read_only({"call": text})
+                before = state_snapshot(state.instances[cls])
+                state.execute(cls, call, bound)
+                tool.call({"call": text})
+                if read_only:
+                    assert state_snapshot(state.instances[cls]) == before, (record.id, text)
+                checked[read_only] += 1
+    assert checked[True] > 300 and checked[False] > 300
+
+
+@pytest.mark.network
+def test_real_floor_scores_one_on_every_record(real):
+    workload = RoutingWorkload(root=real.root)
+    data = DataConfig(None, Path("/nonexistent-cache"))
+    scored = Counter()
+    for split in ("train", "test"):
+        pool = workload.records(data, split)
+        for request in workload.requests(data, len(pool), 0, split):
+            _, outcome = run(request)
+            assert request.score(outcome) == 1.0, request.request_id
+            scored[request.record.category] += 1
+    assert scored == {"multi_turn_base": 200, "multiple": 200, "parallel_multiple": 200}
+
+
+@pytest.mark.network
+def test_real_executor_values_are_deterministic_per_request(real):
+    record = next(r for r in real.records["multi_turn_base"] if "TravelAPI" in r.classes)
+    outcomes = [run(RoutingRequest(f"det-{i}", record, real.suite))[1] for i in range(2)]
+    assert [[c.value for c in t] for t in outcomes[0].turns] == [
+        [c.value for c in t] for t in outcomes[1].turns
+    ]
+
+
+@pytest.mark.network
+def test_real_remote_api_cost_and_raising_call(real):
+    record = next(r for r in real.records["multi_turn_base"] if "TravelAPI" in r.classes)
+    request = RoutingRequest("cost-0", record, real.suite)
+    tool = request.tool("bfcl")
+    tool.call({"call": "list_all_airports()"})
+    assert tool.cost == ModelledCost(0.030)
+    with pytest.raises(ToolExecutionError, match="No available route") as err:
+        tool.call(
+            {
+                "call": "get_flight_cost(travel_from='XXX', travel_to='YYY', "
+                "travel_date='2024-01-01', travel_class='economy')"
+            }
+        )
+    assert isinstance(err.value.__cause__, ValueError)

@@ -1,0 +1,290 @@
+"""One Routing request: its control flow, its replay oracle and its score.
+
+Control flow per user turn: the router decides (a branch); each chosen function gets a
+handler (LLM) and an executor (tool) call; the calls of one decision run concurrently; the
+router decides again on the grown conversation until it answers :data:`END_OF_TURN`.
+
+Replay (:meth:`RoutingRequest.replay_text`) is a pure function of the rendered input: the
+router's position comes from the conversation in its input (which user turn, which calls
+that turn already holds), the handler's from its turn text and calls so far. It answers
+the trace's decision where the input lies on the recorded path, a deterministic plausible
+call for a handler of a function the trace did not call there, and ``None`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
+from dynbranch.workload import RequestInstance, StageContext, Tool
+from workloads.routing.apis import ApiState, ApiSuite
+from workloads.routing.bfcl_data import Record
+from workloads.routing.calls import ParsedCall, parse_call, to_jsonable
+from workloads.routing.schema import matches_answers, plausible_call
+from workloads.routing.template import END_OF_TURN, TEMPLATE, TOOL_NAME, WORKFLOW
+from workloads.routing.tools import ApiTool, SchemaTool
+
+# NOTE: a bound on router decisions per turn, so a model that never ends a turn still ends
+# the request (the longest recorded turn has fewer than 20 calls).
+MAX_DECISIONS_PER_TURN = 32
+
+
+@dataclass(frozen=True)
+class ExecutedCall:
+    """A call the request ran and the value the executor returned."""
+
+    call: str
+    value: Any
+
+
+@dataclass
+class RoutingOutcome:
+    """What :meth:`RoutingRequest.run` returns and :meth:`RoutingRequest.score` reads."""
+
+    record_id: str
+    category: str
+    turns: list[list[ExecutedCall]] = field(default_factory=list)
+    states: list[dict[str, dict[str, Any]]] = field(default_factory=list)
+    router_decisions: int = 0
+    ignored_routes: list[str] = field(default_factory=list)
+
+
+def _name(call: str) -> str:
+    return parse_call(call).name
+
+
+class RoutingRequest(RequestInstance):
+    """A request built from one BFCL record, with its own API instances."""
+
+    template = TEMPLATE
+
+    def __init__(
+        self, request_id: str, record: Record, suite: ApiSuite | None, tool_time: str = "modelled"
+    ) -> None:
+        self.request_id, self.record, self._suite = request_id, record, suite
+        self.candidates = (*record.function_names, END_OF_TURN)
+        self.functions = [dict(f) for f in record.functions]
+        if record.multi_turn:
+            self.state = ApiState(suite, record.classes, record.initial_config)
+            self._tool: Tool = ApiTool(request_id, self.state, tool_time)
+            self.scope = {"request": request_id, "classes": list(record.classes)}
+        else:
+            self.state = None
+            self._tool = SchemaTool(record, tool_time)
+            self.scope = {"record": record.id}  # validation is pure: shareable across requests
+        self._names = [[_name(c) for c in turn] for turn in record.recorded]
+        self._open: dict[BranchCoordinate, tuple[str, list]] = {}
+        self._truth: tuple[list[list[Any]], list[dict]] | None = None
+
+    # -- control flow -------------------------------------------------------------------------
+
+    async def run(self, ctx: StageContext) -> RoutingOutcome:
+        outcome = RoutingOutcome(self.record.id, self.record.category)
+        conversation: list[dict[str, Any]] = []
+        for turn in self.record.turns:
+            conversation.append({"role": "user", "content": turn})
+            executed: list[ExecutedCall] = []
+            for _ in range(MAX_DECISIONS_PER_TURN):
+                chosen = await self._route(ctx, outcome, conversation, turn, executed)
+                if not chosen:
+                    break
+                so_far = [{"call": c.call, "result": c.value} for c in executed]
+                seen: Counter[str] = Counter()
+                jobs = []
+                for name in chosen:
+                    jobs.append(self._handle(ctx, name, seen[name], turn, so_far))
+                    seen[name] += 1
+                for done in await asyncio.gather(*jobs):
+                    conversation.append({"role": "assistant", "content": done.call})
+                    conversation.append({"role": "tool", "content": done.value})
+                    executed.append(done)
+            outcome.turns.append(executed)
+            if self.state is not None:
+                outcome.states.append(self.state.public_state())
+        return outcome
+
+    async def _route(
+        self,
+        ctx: StageContext,
+        outcome: RoutingOutcome,
+        conversation: list,
+        turn: str,
+        executed: list[ExecutedCall],
+    ) -> list[str]:
+        coordinate = BranchCoordinate(WORKFLOW, "router", outcome.router_decisions)
+        outcome.router_decisions += 1
+        self._open[coordinate] = (turn, [{"call": c.call, "result": c.value} for c in executed])
+        point = BranchPoint(coordinate, self.candidates, multi_valued=self.record.parallel)
+        values = {"functions": self.functions, "conversation": list(conversation)}
+        async with ctx.branch(point) as branch:
+            text = await ctx.llm("router", values)
+            chosen = self._parse_route(text, outcome)
+            branch.resolve(*(dict.fromkeys(chosen) or (END_OF_TURN,)))
+        self._open.pop(coordinate, None)
+        return chosen
+
+    def _parse_route(self, text: str, outcome: RoutingOutcome) -> list[str]:
+        """The offered function names in the router's output; the rest is ignored (and kept).
+
+        Only parallel records take several names at once: elsewhere the branch is
+        single-valued and the first offered name wins.
+        """
+        names = [n.strip() for n in text.strip().split(",") if n.strip()]
+        known = [n for n in names if n in self.record.function_names]
+        if not self.record.parallel:
+            known = known[:1]
+        outcome.ignored_routes.extend(n for n in names if n != END_OF_TURN and n not in known)
+        return known
+
+    async def _handle(
+        self, ctx: StageContext, name: str, occurrence: int, turn: str, so_far: list
+    ) -> ExecutedCall:
+        call = await ctx.llm("handler", self.handler_values(name, occurrence, turn, so_far))
+        call = call.strip()
+        value = await ctx.tool("executor", self.executor_values(call))
+        return ExecutedCall(call, value)
+
+    def handler_values(
+        self, name: str, occurrence: int, turn: str, so_far: Sequence[Mapping[str, Any]]
+    ) -> dict[str, Any]:
+        """The handler's input values for a call of ``name`` at this point of a turn."""
+        return {
+            "function": dict(self.record.doc(name)),
+            "turn": turn,
+            "calls": list(so_far),
+            "occurrence": occurrence,
+        }
+
+    def executor_values(self, call: str) -> dict[str, Any]:
+        """The executor's input values for a call text."""
+        return {"call": call, "scope": self.scope}
+
+    def fill_values(self, coordinate: BranchCoordinate, candidate: str) -> dict[str, Any] | None:
+        """The handler values a fill of ``candidate`` at the open branch ``coordinate`` renders.
+
+        ``None`` for :data:`END_OF_TURN`, an unknown function, or a branch not open now.
+        Equal to the canonical handler's values when the router picks ``candidate`` alone.
+        """
+        opened = self._open.get(coordinate)
+        if opened is None or candidate not in self.record.function_names:
+            return None
+        return self.handler_values(candidate, 0, *opened)
+
+    def tool(self, name: str) -> Tool:
+        if name != TOOL_NAME:
+            raise KeyError(f"routing requests have one tool, {TOOL_NAME!r}; asked for {name!r}")
+        return self._tool
+
+    # -- replay -------------------------------------------------------------------------------
+
+    def replay_text(self, rendered: RenderedInput) -> str | None:
+        try:
+            if rendered.stage == "router":
+                return self._replay_router(rendered.fields)
+            if rendered.stage == "handler":
+                return self._replay_handler(rendered.fields, rendered.input_digest)
+        except (KeyError, TypeError, AttributeError, ValueError):
+            return None  # an input of a shape the trace never produced
+        return None
+
+    def _replay_router(self, fields: Mapping[str, Any]) -> str | None:
+        if list(fields["functions"]) != self.functions:
+            return None
+        conversation = list(fields["conversation"])
+        users = [i for i, m in enumerate(conversation) if m["role"] == "user"]
+        t = len(users) - 1
+        if not 0 <= t < len(self.record.turns) or [
+            conversation[i]["content"] for i in users
+        ] != list(self.record.turns[: t + 1]):
+            return None
+        made = [m["content"] for m in conversation[users[-1] + 1 :] if m["role"] == "assistant"]
+        expected, names = list(self.record.recorded[t]), self._names[t]
+        if self.record.parallel:
+            if not made:
+                return ",".join(names) if names else END_OF_TURN
+            return END_OF_TURN if sorted(made) == sorted(expected) else None
+        if made != expected[: len(made)]:
+            return None
+        return END_OF_TURN if len(made) == len(expected) else names[len(made)]
+
+    def _replay_handler(self, fields: Mapping[str, Any], digest: str) -> str | None:
+        doc = dict(fields["function"])
+        name, turn, occurrence = doc["name"], fields["turn"], fields["occurrence"]
+        if self.record.doc(name) != doc or turn not in self.record.turns:
+            return None
+        t = self.record.turns.index(turn)
+        made = [c["call"] for c in fields["calls"]]
+        expected, names = list(self.record.recorded[t]), self._names[t]
+        if self.record.parallel:
+            if made:
+                return None
+            same = [c for c, n in zip(expected, names, strict=True) if n == name]
+            return same[occurrence] if occurrence < len(same) else plausible_call(doc, digest)
+        if made != expected[: len(made)]:
+            return None
+        k = len(made)
+        if k < len(expected) and names[k] == name and occurrence == 0:
+            return expected[k]
+        return plausible_call(doc, digest)
+
+    # -- scoring ------------------------------------------------------------------------------
+
+    def score(self, outcome: RoutingOutcome) -> float:
+        if len(outcome.turns) != len(self.record.turns):
+            return 0.0
+        if self.record.multi_turn:
+            return float(self._multi_turn_ok(outcome))
+        calls = [c.value for turn in outcome.turns for c in turn]
+        docs = {f["name"]: f for f in self.record.functions}
+        return float(matches_answers(docs, calls, self.record.possible_answer))
+
+    def _multi_turn_ok(self, outcome: RoutingOutcome) -> bool:
+        """BFCL's multi-turn check, turn by turn, against a ground-truth run on fresh instances.
+
+        For every turn whose ground truth makes calls: every instance's public state after
+        the turn equals the ground truth's, and the ground truth's results of that turn are
+        all among the results the request produced so far (order-free, with multiplicity).
+        """
+        if self._truth is None:
+            self._truth = ground_truth_run(self.record, self._suite)
+        truth_results, truth_states = self._truth
+        produced: Counter[str] = Counter()
+        for t, expected in enumerate(self.record.recorded):
+            produced.update(_key(c.value) for c in outcome.turns[t])
+            if not expected:
+                continue
+            if outcome.states[t] != truth_states[t]:
+                return False
+            if Counter(_key(v) for v in truth_results[t]) - produced:
+                return False
+        return True
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def ground_truth_run(record: Record, suite: ApiSuite) -> tuple[list[list[Any]], list[dict]]:
+    """Run the record's ground-truth calls on fresh instances: per-turn results and states.
+
+    A call that raises yields BFCL's ``"Error during execution: ..."`` text as its result.
+    """
+    state = ApiState(suite, record.classes, record.initial_config)
+    results, states = [], []
+    for calls in record.recorded:
+        turn = []
+        for text in calls:
+            try:
+                call: ParsedCall = parse_call(text)
+                cls, bound = state.bind(call)
+                turn.append(state.execute(cls, call, bound))
+            except Exception as e:  # NOTE: BFCL records any failure as the result text
+                turn.append(to_jsonable(f"Error during execution: {e}"))
+        results.append(turn)
+        states.append(state.public_state())
+    return results, states

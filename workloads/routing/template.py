@@ -1,0 +1,75 @@
+"""The ``routing`` workflow template: router → (handler → executor) per call, per user turn.
+
+* ``router`` (LLM, speculable, greedy): the available functions' docs and the conversation
+  so far → the function(s) to call next, comma-separated when they run in parallel, or
+  :data:`END_OF_TURN` when the latest user turn is complete. Each decision is a branch at
+  ``BranchCoordinate("routing", "router", step)``.
+* ``handler`` (LLM, speculable, greedy): the chosen function's doc, the user turn, the calls
+  and results so far in this turn, and how many calls of the same function precede this one
+  in its parallel group (``occurrence``) → one call in BFCL's python syntax.
+* ``executor`` (tool ``bfcl``): the call text and the request's API scope → the call's
+  value. Speculable at template level; the tool's ``is_read_only`` decides per call.
+
+``handle`` is the self-contained subgraph handler + executor that early fill speculates.
+"""
+
+from __future__ import annotations
+
+from dynbranch.datasets import BFCL_VERSION
+from dynbranch.workflow import SamplingParams, StageSpec, SubgraphSpec, Template
+
+WORKFLOW = "routing"
+TOOL_NAME = "bfcl"
+TOOL_SCHEMA_VERSION = f"bfcl-eval-{BFCL_VERSION}/1"
+END_OF_TURN = "<end_of_turn>"
+
+ROUTER_PROMPT = (
+    "You route a user's requests to functions. Given the available functions and the "
+    "conversation so far, name the function to call next. Name several, separated by "
+    "commas, when they should be called in parallel. Answer " + END_OF_TURN + " when the "
+    "latest user turn needs no further call.\n\n"
+    "Available functions (JSON):\n{functions}\n\n"
+    "Conversation so far (JSON):\n{conversation}\n\n"
+    "Next function(s):"
+)
+
+HANDLER_PROMPT = (
+    "Write one call of the function below in Python syntax, name(parameter=value, ...), "
+    "with literal values only.\n\n"
+    "Function (JSON):\n{function}\n\n"
+    "User request:\n{turn}\n\n"
+    "Calls made for this request so far, with their results (JSON):\n{calls}\n\n"
+    "Calls of this function earlier in the same parallel group: {occurrence}\n\n"
+    "Call:"
+)
+
+ROUTER = StageSpec(
+    "router",
+    "llm",
+    ("functions", "conversation"),
+    prompt=ROUTER_PROMPT,
+    model="target",
+    sampling=SamplingParams(max_tokens=64),
+    speculable=True,
+)
+HANDLER = StageSpec(
+    "handler",
+    "llm",
+    ("function", "turn", "calls", "occurrence"),
+    prompt=HANDLER_PROMPT,
+    model="target",
+    sampling=SamplingParams(max_tokens=256),
+    speculable=True,
+)
+EXECUTOR = StageSpec(
+    "executor",
+    "tool",
+    ("call", "scope"),
+    tool=TOOL_NAME,
+    tool_schema_version=TOOL_SCHEMA_VERSION,
+    speculable=True,
+)
+
+TEMPLATE = Template(
+    WORKFLOW, "1", [ROUTER, HANDLER, EXECUTOR], [SubgraphSpec("handle", "handler", ("executor",))]
+)

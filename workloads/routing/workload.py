@@ -1,0 +1,128 @@
+"""The Routing workload: BFCL records as requests, split once and for all into train and test.
+
+Split: a record belongs to ``train`` when the first 8 bytes of SHA-256 of its id, read as a
+big-endian integer, are divisible by 4 (25 % of records in expectation), and to ``test``
+otherwise (75 %). The split depends on the id alone, so it never changes with the seed,
+the categories chosen or the data's order; predictors and pre-populated caches may learn
+from ``train`` only, and runs are measured on ``test``.
+
+Drawing: :meth:`RoutingWorkload.requests` takes the split's records (categories in order,
+records in file order), permutes them with ``random.Random(seed)`` and takes them in that
+order, re-shuffling for every further cycle when ``n`` exceeds the pool. Request ids are
+``routing-{index:05d}-{record id}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dynbranch.datasets import bfcl_root, fetch_bfcl
+from dynbranch.errors import ConfigError, DataError
+from dynbranch.workload import DataConfig, Workload
+from workloads.routing.bfcl_data import CATEGORIES, BFCLData, Record, load_bfcl
+from workloads.routing.request import RoutingRequest
+from workloads.routing.template import TEMPLATE
+from workloads.routing.tools import TOOL_TIMES
+
+SPLITS = ("train", "test")
+
+
+def split_of(record_id: str) -> str:
+    """``train`` or ``test``: the record's fixed side of the split (see the module docstring)."""
+    head = int.from_bytes(hashlib.sha256(record_id.encode("utf-8")).digest()[:8], "big")
+    return "train" if head % 4 == 0 else "test"
+
+
+def draw(pool: Sequence[Record], n: int, seed: int) -> list[Record]:
+    """``n`` records from ``pool``: seeded permutations, re-shuffled each cycle."""
+    rng = random.Random(seed)
+    out: list[Record] = []
+    while len(out) < n:
+        cycle = list(pool)
+        rng.shuffle(cycle)
+        out.extend(cycle[: n - len(out)])
+    return out
+
+
+class RoutingWorkload(Workload):
+    """BFCL function routing: ``multi_turn_base`` (executed), ``multiple``, ``parallel_multiple``.
+
+    Options: ``categories`` (a subset of :data:`CATEGORIES`), ``tool_time`` (``modelled`` or
+    ``measured``), ``root`` (a BFCL tree to read instead of the cache, e.g. a test fixture)
+    and ``fetch`` (fetch the wheel from PyPI on first use; otherwise a missing tree is a
+    :class:`~dynbranch.errors.DataMissingError`).
+    """
+
+    name = "routing"
+    template = TEMPLATE
+
+    def __init__(
+        self,
+        categories: Sequence[str] = CATEGORIES,
+        tool_time: str = "modelled",
+        root: str | Path | None = None,
+        fetch: bool = True,
+        progress: Callable[[str], None] = print,
+    ) -> None:
+        unknown = [c for c in categories if c not in CATEGORIES]
+        if unknown or not categories:
+            raise ConfigError(
+                f"routing categories {list(categories)}: choose from {list(CATEGORIES)}"
+            )
+        if tool_time not in TOOL_TIMES:
+            raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
+        self.categories = tuple(c for c in CATEGORIES if c in categories)
+        self.tool_time, self.root, self.fetch, self.progress = (
+            tool_time,
+            Path(root) if root else None,
+            fetch,
+            progress,
+        )
+        self._loaded: dict[Path, BFCLData] = {}
+
+    def load(self, data: DataConfig) -> BFCLData:
+        """The validated records (fetching BFCL into the cache first if allowed and needed)."""
+        if self.root is not None:
+            root = self.root
+        elif self.fetch:
+            root = fetch_bfcl(data.cache_dir, self.progress)
+        else:
+            root = bfcl_root(data.cache_dir)
+        if root not in self._loaded:
+            self._loaded[root] = load_bfcl(root, self.categories)
+        return self._loaded[root]
+
+    def fetch_data(self, data: DataConfig, progress: Callable[[str], None] = print) -> None:
+        """Fetch the pinned bfcl-eval wheel into ``data.cache_dir`` unless it is there already
+        (or the workload reads a given ``root``)."""
+        if self.root is None:
+            fetch_bfcl(data.cache_dir, progress)
+
+    def check_data(self, data: DataConfig) -> None:
+        self.load(data)
+
+    def records(self, data: DataConfig, split: str) -> list[Record]:
+        """The records of one split, categories in order, records in file order."""
+        if split not in SPLITS:
+            raise ConfigError(f"split {split!r}: choose from {list(SPLITS)}")
+        return [r for r in self.load(data).all() if split_of(r.id) == split]
+
+    def requests(
+        self, data: DataConfig, n: int, seed: int, split: str = "test"
+    ) -> Sequence[RoutingRequest]:
+        if n < 0:
+            raise ConfigError(f"requests: n={n} must be >= 0")
+        bfcl = self.load(data)
+        pool = self.records(data, split)
+        if not pool and n:
+            raise DataError(
+                f"routing: the {split} split of {bfcl.root} has no records "
+                f"in categories {list(self.categories)}"
+            )
+        return [
+            RoutingRequest(f"routing-{i:05d}-{r.id}", r, bfcl.suite, self.tool_time)
+            for i, r in enumerate(draw(pool, n, seed))
+        ]
