@@ -124,7 +124,7 @@ class RequestContext:
     def __init__(self, orch: Orchestrator, instance: RequestInstance) -> None:
         self._o, self._inst = orch, instance
         self.request_id = instance.request_id
-        self.stages_run = self.prompt_tokens = self.output_tokens = 0
+        self.stages_run = self.prompt_tokens = self.output_tokens = self._calls = 0
         self._coordinate: str | None = None
 
     # -- stages ---------------------------------------------------------------------------
@@ -136,9 +136,9 @@ class RequestContext:
         if served is not None:
             self._log_served(spec, fp, rendered, served, start)
             return served.value
-        seq = self.stages_run
+        self._calls += 1  # NOTE: taken at issue: parallel stages of one request must not share ids
         request = GenerateRequest(
-            request_id=f"{self.request_id}/{seq}/{stage}", prompt=rendered.text,
+            request_id=f"{self.request_id}/{self._calls}/{stage}", prompt=rendered.text,
             max_tokens=spec.sampling.max_tokens, replay_text=self._inst.replay_text(rendered),
             priority=CANONICAL, temperature=spec.sampling.temperature,
             top_p=spec.sampling.top_p, seed=spec.sampling.seed, cache_salt=self._o.tenant)

@@ -1,0 +1,143 @@
+"""``dynbranch``: replay a workload, fetch or check data, run an experiment.
+
+Errors DynBranch raises on purpose (unknown names, missing or malformed data, settings that
+cannot run) print one line naming the problem and exit with status 2 before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dynbranch.errors import DynBranchError
+
+EXPERIMENTS = ("table1", "table2", "fig5a", "fig5b", "fig8", "fig9a", "fig9b", "depth",
+               "fig10", "fig11", "fig12", "fig13", "fig14")
+
+
+def _replay_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="replay a workload open-loop through one arm",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--workload", default="routing", help="routing | react | subagent | hci")
+    p.add_argument("--arm", default="floor",
+                   help="floor | c1 | c2 | full | instcache | helium | parrot | dsp | spagent")
+    p.add_argument("--engine", default="sim", help="sim | zero | hf | vllm")
+    p.add_argument("--profile", default="qwen3-32b@h200", help="sim engine profile")
+    p.add_argument("--backend", default="ray", choices=["ray", "local"])
+    p.add_argument("--clock", default="real", choices=["real", "virtual"])
+    p.add_argument("--address", default=None,
+                   help="join a running Ray cluster (else RAY_ADDRESS, else start a local one)")
+    p.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second")
+    p.add_argument("--requests", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=4, help="engines (one per GPU)")
+    p.add_argument("--fanout", type=int, default=2, help="max fills per branch (C2 arms)")
+    p.add_argument("--arrival", default="poisson", choices=["poisson", "gamma"])
+    p.add_argument("--cv", type=float, default=1.0,
+                   help="coefficient of variation of gamma inter-arrival gaps")
+    p.add_argument("--split", default="test", choices=["test", "train"])
+    p.add_argument("--tool-time", default="modelled", choices=["modelled", "measured"],
+                   help="charge tool stages a modelled latency or their measured time")
+    p.add_argument("--data-dir", default=None,
+                   help="data directory (else $DYNBRANCH_DATA, else ../shared/data)")
+    p.add_argument("--out", default="runs/replay", help="result directory")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or report")
+
+
+def _data_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="fetch the BFCL wheel; check the other data sets")
+    p.add_argument("names", nargs="*", default=["bfcl"],
+                   help="bfcl | musique | hotpotqa | sgd | swe_agent | all")
+    p.add_argument("--check", action="store_true",
+                   help="verify the data directory against its SHA256SUMS")
+    p.add_argument("--data-dir", default=None)
+
+
+def _experiment_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("experiment", help="reproduce one table or figure of the paper")
+    p.add_argument("name", help=" | ".join(EXPERIMENTS))
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dynbranch", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _replay_parser(sub)
+    _data_parser(sub)
+    _experiment_parser(sub)
+    return parser
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from dynbranch.driver import ReplayConfig, prepare, run_replay
+
+    cfg = ReplayConfig(
+        workload=args.workload, arm=args.arm, engine=args.engine, profile=args.profile,
+        backend=args.backend, clock=args.clock, rate=args.rate, requests=args.requests,
+        seed=args.seed, workers=args.workers, fanout=args.fanout, arrival=args.arrival,
+        cv=args.cv, split=args.split, tool_time=args.tool_time, out=Path(args.out),
+        data_dir=args.data_dir, address=args.address, progress=not args.quiet)
+    progress = print if not args.quiet else (lambda _msg: None)
+    result = run_replay(prepare(cfg, progress))
+    if not args.quiet:
+        print(f"results in {cfg.out}/ (summary.json, requests.parquet, stages.parquet, "
+              f"branches.parquet, latency_cdf.png)")
+    return 0 if result.summary["failed"] == 0 else 1
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from dynbranch import datasets
+
+    names = list(datasets.DATASETS) if "all" in args.names else args.names
+    data_dir = datasets.resolve_data_dir(args.data_dir)
+    status = 0
+    for name in names:
+        if name not in datasets.DATASETS:
+            from dynbranch.errors import UnknownNameError
+
+            raise UnknownNameError("data set", name, list(datasets.DATASETS))
+        if name == "bfcl":
+            root = datasets.fetch_bfcl(datasets.cache_dir())
+            print(f"bfcl: ready at {root}")
+            continue
+        datasets.require_dataset(data_dir, name)
+        print(f"{name}: present in {data_dir / name}")
+    if args.check:
+        if data_dir is None:
+            print("no data directory found to check", file=sys.stderr)
+            return 1
+        problems = datasets.verify_checksums(data_dir)
+        for p in problems:
+            print(f"checksum: {p}", file=sys.stderr)
+        print(f"checked {data_dir}: {'OK' if not problems else f'{len(problems)} problems'}")
+        status = 1 if problems else 0
+    return status
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from dynbranch.errors import NotBuiltError, UnknownNameError
+
+    if args.name not in EXPERIMENTS:
+        raise UnknownNameError("experiment", args.name, list(EXPERIMENTS))
+    raise NotBuiltError("experiment", args.name, [])
+
+
+COMMANDS = {"replay": cmd_replay, "data": cmd_data, "experiment": cmd_experiment}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except DynBranchError as e:
+        print(f"dynbranch: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dynbranch: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

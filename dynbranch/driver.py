@@ -1,0 +1,190 @@
+"""The replay driver: open-loop arrivals of one workload's requests through one arm.
+
+Everything that can be wrong with a run (unknown names, a clock the backend cannot use,
+missing or malformed data) is checked by :func:`prepare` before anything starts; then
+:func:`run_replay` starts the backend, launches each request at its scheduled arrival
+(latency counts from that schedule, whatever the driver's own lag), waits for every
+request to complete or fail, and writes the results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dynbranch.arms import Arm, get_arm
+from dynbranch.arrivals import PROCESSES, arrival_times
+from dynbranch.backend import BACKENDS, Backend, EngineSpec, LocalBackend
+from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
+from dynbranch.errors import ConfigError, NotBuiltError, UnknownNameError
+from dynbranch.orchestrator import Orchestrator
+from dynbranch.records import RequestRecord
+from dynbranch.workload import DataConfig, RequestInstance, Workload
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Every setting of one replay; the CLI maps its flags one to one onto these."""
+
+    workload: str = "routing"
+    arm: str = "floor"
+    engine: str = "sim"
+    profile: str = "qwen3-32b@h200"
+    backend: str = "ray"
+    clock: str = "real"
+    rate: float = 1.0
+    requests: int = 30
+    seed: int = 0
+    workers: int = 4
+    fanout: int = 2
+    arrival: str = "poisson"
+    cv: float = 1.0
+    split: str = "test"
+    tool_time: str = "modelled"
+    out: Path = Path("runs/replay")
+    data_dir: str | None = None
+    address: str | None = None
+    progress: bool = True
+    workload_options: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self) -> dict[str, Any]:
+        """The settings as they go into ``summary.json``."""
+        d = dataclasses.asdict(self)
+        d["out"] = str(self.out)
+        d.pop("progress")
+        return d
+
+
+@dataclass
+class Prepared:
+    """A validated run: its objects built, nothing started."""
+
+    config: ReplayConfig
+    workload: Workload
+    arm: Arm
+    clock: Clock
+    instances: Sequence[RequestInstance]
+    arrivals: Sequence[float]
+
+
+def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepared:
+    """Validate ``cfg`` and load its requests; raise a typed error before anything starts."""
+    from dynbranch.datasets import cache_dir, resolve_data_dir
+    from workloads import get_workload
+
+    _check_choice("backend", cfg.backend, BACKENDS)
+    _check_choice("clock", cfg.clock, CLOCKS)
+    _check_choice("arrival process", cfg.arrival, PROCESSES)
+    _check_choice("split", cfg.split, ("test", "train"))
+    _check_engine(cfg.engine)
+    if cfg.backend == "ray" and cfg.clock == "virtual":
+        raise ConfigError("the virtual clock runs in one process only; use --backend local "
+                          "with --clock virtual, or --clock real with --backend ray")
+    if cfg.requests < 1 or cfg.rate <= 0 or cfg.workers < 1:
+        raise ConfigError(f"need --requests >= 1, --rate > 0 and --workers >= 1 "
+                          f"(got {cfg.requests}, {cfg.rate}, {cfg.workers})")
+    arm = get_arm(cfg.arm)
+    workload = get_workload(cfg.workload, tool_time=cfg.tool_time, **cfg.workload_options)
+    data = DataConfig(resolve_data_dir(cfg.data_dir), cache_dir())
+    workload.fetch_data(data, progress)
+    workload.check_data(data)
+    instances = workload.requests(data, cfg.requests, cfg.seed, cfg.split)
+    arrivals = arrival_times(cfg.requests, cfg.rate, cfg.seed, cfg.arrival, cfg.cv)
+    return Prepared(cfg, workload, arm, make_clock(cfg.clock), instances, list(arrivals))
+
+
+def _check_engine(kind: str) -> None:
+    from dynbranch.engines import BUILT_ENGINES, PLANNED_ENGINES
+
+    if kind in PLANNED_ENGINES:
+        raise NotBuiltError("engine", kind, list(BUILT_ENGINES))
+    _check_choice("engine", kind, BUILT_ENGINES)
+
+
+def _check_choice(kind: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise UnknownNameError(kind, value, list(choices))
+
+
+def make_backend(cfg: ReplayConfig, clock: Clock) -> Backend:
+    """The backend ``cfg`` names, with one ``target`` engine per worker."""
+    roles = {"target": EngineSpec(cfg.engine, cfg.profile, cfg.workers)}
+    if cfg.backend == "local":
+        return LocalBackend(clock, roles)
+    from dynbranch.cluster import RayBackend  # the only place Ray enters
+
+    return RayBackend(clock, roles, address=cfg.address)
+
+
+@dataclass
+class ReplayResult:
+    """What a finished replay returns (and has written to ``config.out``)."""
+
+    summary: dict[str, Any]
+    requests: list[RequestRecord]
+    orchestrator: Orchestrator
+
+
+def run_replay(prepared: Prepared, backend: Backend | None = None) -> ReplayResult:
+    """Run a prepared replay to the end and write its results."""
+    from dynbranch.results import report, summarize, write_results
+
+    cfg, clock = prepared.config, prepared.clock
+    backend = backend or make_backend(cfg, clock)
+    with Stopwatch() as wall:
+        records, orch = clock.run(_replay(prepared, backend))
+    run = {**cfg.settings(), "wall_s": wall.elapsed_s, "backend": backend.name}
+    summary = summarize(run, records, orch.log.stages)
+    write_results(cfg.out, summary, records, orch.log.stages, orch.log.branches)
+    if cfg.progress:
+        print(report(summary))
+    return ReplayResult(summary, records, orch)
+
+
+async def _replay(prepared: Prepared, backend: Backend
+                  ) -> tuple[list[RequestRecord], Orchestrator]:
+    await backend.start()
+    try:
+        orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm)
+        records = await _launch_all(prepared, orch)
+    finally:
+        await backend.shutdown()
+    return records, orch
+
+
+async def _launch_all(prepared: Prepared, orch: Orchestrator) -> list[RequestRecord]:
+    clock, cfg = prepared.clock, prepared.config
+    bar = _progress_bar(len(prepared.instances), cfg)
+    t0 = orch.start_run()
+    tasks = []
+
+    failed = 0
+
+    async def one(instance: RequestInstance, at: float) -> RequestRecord:
+        nonlocal failed
+        record = await orch.run_request(instance, at)
+        if record.status == "failed":
+            failed += 1
+            bar.set_postfix(failed=failed, refresh=False)
+        bar.update(1)
+        return record
+
+    try:
+        for instance, at in zip(prepared.instances, prepared.arrivals, strict=True):
+            await clock.sleep_until(t0 + at)
+            tasks.append(asyncio.create_task(one(instance, at), name=instance.request_id))
+        return list(await asyncio.gather(*tasks))
+    finally:
+        bar.close()
+
+
+def _progress_bar(total: int, cfg: ReplayConfig):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"{cfg.workload}/{cfg.arm}", unit="req",
+                disable=not cfg.progress, file=sys.stderr, dynamic_ncols=True)

@@ -1,0 +1,172 @@
+"""Results of a replay, exactly as DESIGN §5 fixes them.
+
+``summary.json`` (every listed field, zeros where a mechanism is not in the arm),
+``requests.parquet``, ``stages.parquet``, ``branches.parquet``, a latency CDF
+(``latency_cdf.png``) and a text report in the style of ``vllm bench serve``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dynbranch.audit import unsafe_splices
+from dynbranch.records import BranchRecord, RequestRecord, StageRecord
+
+SUMMARY_FIELDS = (
+    "workload", "arm", "engine", "backend", "rate", "requests", "completed", "failed",
+    "mean_latency_s", "p50_latency_s", "p99_latency_s", "accuracy", "reuse_hits",
+    "promotions", "fills_issued", "fills_consumed", "fills_discarded", "spec_engine_s",
+    "unsafe_splices", "wall_s",
+)
+
+
+def summarize(run: Mapping[str, Any], requests: Sequence[RequestRecord],
+              stages: Sequence[StageRecord], fills: Mapping[str, int] | None = None,
+              ) -> dict[str, Any]:
+    """The run's summary: ``run`` holds its settings (workload, arm, …, wall_s)."""
+    done = [r for r in requests if r.status == "completed"]
+    lat = np.array([r.latency for r in done]) if done else np.array([np.nan])
+    scored = [r.correct for r in done if r.correct is not None]
+    fills = dict(fills or {})
+    spec = [s for s in stages if s.speculative]
+    sim_s = max((r.end for r in requests), default=0.0)
+    out: dict[str, Any] = {
+        **{k: run[k] for k in ("workload", "arm", "engine", "backend", "rate")},
+        "requests": len(requests), "completed": len(done),
+        "failed": len(requests) - len(done),
+        "mean_latency_s": _f(np.mean(lat)), "p50_latency_s": _f(np.percentile(lat, 50)),
+        "p99_latency_s": _f(np.percentile(lat, 99)),
+        "accuracy": _f(np.mean(scored)) if scored else None,
+        "reuse_hits": sum(s.served_from == "cache" for s in stages),
+        "promotions": sum(s.served_from in ("shadow", "join") for s in stages),
+        "fills_issued": fills.get("issued", 0), "fills_consumed": fills.get("consumed", 0),
+        "fills_discarded": fills.get("discarded", 0),
+        "spec_engine_s": _f(sum(s.engine_s for s in spec)),
+        "unsafe_splices": len(unsafe_splices(stages)),
+        "wall_s": _f(run["wall_s"]),
+    }
+    extra = {k: v for k, v in run.items() if k not in out}
+    send_lag = np.array([r.send_lag for r in requests]) if requests else np.zeros(1)
+    extra.update({
+        "simulated_s": _f(sim_s),
+        "sim_s_per_wall_s": _f(sim_s / run["wall_s"]) if run["wall_s"] > 0 else None,
+        "send_lag_p50_s": _f(np.percentile(send_lag, 50)),
+        "send_lag_max_s": _f(np.max(send_lag)),
+        "throughput_rps": _f(len(done) / sim_s) if sim_s > 0 else 0.0,
+        "prompt_tokens": int(sum(r.prompt_tokens for r in requests)),
+        "output_tokens": int(sum(r.output_tokens for r in requests)),
+        "stages": len(stages),
+        "errors": _error_counts(requests),
+    })
+    return {**out, **extra}
+
+
+def _f(x: Any) -> float | None:
+    x = float(x)
+    return None if np.isnan(x) else round(x, 6)
+
+
+def _error_counts(requests: Sequence[RequestRecord]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in requests:
+        if r.status == "failed":
+            counts[r.error_type] = counts.get(r.error_type, 0) + 1
+    return counts
+
+
+def write_results(out: Path, summary: Mapping[str, Any], requests: Sequence[RequestRecord],
+                  stages: Sequence[StageRecord], branches: Sequence[BranchRecord]) -> None:
+    """Write every result file of a replay into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    requests_frame(requests).to_parquet(out / "requests.parquet", index=False)
+    stages_frame(stages).to_parquet(out / "stages.parquet", index=False)
+    pd.DataFrame([b.row() for b in branches],
+                 columns=["request_id", "coordinate", "candidates", "chosen", "opened_at",
+                          "resolved_at"]).to_parquet(out / "branches.parquet", index=False)
+    plot_latency_cdf({summary["arm"]: [r.latency for r in requests
+                                        if r.status == "completed"]},
+                     out / "latency_cdf.png",
+                     title=f"{summary['workload']} · {summary['engine']} · "
+                           f"{summary['backend']} · λ={summary['rate']}/s")
+
+
+def requests_frame(requests: Sequence[RequestRecord]) -> pd.DataFrame:
+    return pd.DataFrame([r.row() for r in requests])
+
+
+def stages_frame(stages: Sequence[StageRecord]) -> pd.DataFrame:
+    rows = [s.row() for s in stages]
+    for r in rows:
+        # NOTE: a map column with per-run keys is awkward in Parquet; JSON keeps it exact.
+        r["read_set"] = json.dumps(r["read_set"], sort_keys=True)
+    return pd.DataFrame(rows)
+
+
+def plot_latency_cdf(series: Mapping[str, Sequence[float]], path: Path, title: str) -> None:
+    """Empirical latency CDFs, one line per named series, on one set of axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, values in series.items():
+        v = np.sort(np.asarray(values, dtype=float))
+        if v.size:
+            ax.step(v, np.arange(1, v.size + 1) / v.size, where="post",
+                    label=f"{name} (n={v.size}, mean {v.mean():.2f}s)")
+    ax.set_xlabel("latency from scheduled arrival (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_ylim(0, 1.01)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(summary: Mapping[str, Any]) -> str:
+    """A text report in the layout of ``vllm bench serve``."""
+    def line(name: str, value: Any, fmt: str = "") -> str:
+        v = "n/a" if value is None else format(value, fmt)
+        return f"{name:<44}{v:>12}"
+
+    s = summary
+    rows = [
+        "{s:{c}^56}".format(s=" DynBranch Replay Result ", c="="),
+        line("Workload:", s["workload"]), line("Arm:", s["arm"]),
+        line("Engine / backend:", f"{s['engine']}/{s['backend']}"),
+        line("Clock:", s.get("clock")),
+        line("Successful requests:", s["completed"]), line("Failed requests:", s["failed"]),
+        line("Request rate (req/s):", s["rate"], ".2f"),
+        line("Run duration on the clock (s):", s.get("simulated_s"), ".2f"),
+        line("Wall time (s):", s["wall_s"], ".2f"),
+        line("Request throughput (req/s):", s.get("throughput_rps"), ".3f"),
+        line("Total prompt tokens:", s.get("prompt_tokens")),
+        line("Total generated tokens:", s.get("output_tokens")),
+        line("Accuracy:", s["accuracy"], ".3f"),
+        "{s:{c}^56}".format(s="Request Latency (from scheduled arrival)", c="-"),
+        line("Mean latency (s):", s["mean_latency_s"], ".3f"),
+        line("Median latency (s):", s["p50_latency_s"], ".3f"),
+        line("P99 latency (s):", s["p99_latency_s"], ".3f"),
+        line("Median send lag (s):", s.get("send_lag_p50_s"), ".4f"),
+        "{s:{c}^56}".format(s="Reuse and speculation", c="-"),
+        line("Reuse hits:", s["reuse_hits"]), line("Promotions:", s["promotions"]),
+        line("Fills issued / consumed / discarded:",
+             f"{s['fills_issued']}/{s['fills_consumed']}/{s['fills_discarded']}"),
+        line("Speculative engine time (s):", s["spec_engine_s"], ".2f"),
+        line("Unsafe splices:", s["unsafe_splices"]),
+        "=" * 56,
+    ]
+    if s.get("errors"):
+        rows.insert(-1, line("Failures by error:", ", ".join(
+            f"{k}={v}" for k, v in s["errors"].items())))
+    return "\n".join(rows)
