@@ -156,11 +156,18 @@ class BranchCoordinate:
 
 @dataclass(frozen=True)
 class BranchPoint:
-    """A branch as the workflow opens it: where, which candidates, how it resolves."""
+    """A branch as the workflow opens it: where, which candidates, how it resolves.
+
+    ``candidates`` is the bounded candidate set when the template can enumerate it, else
+    empty (open vocabulary). ``evidence`` is what is known at branch time and nothing more
+    (the previous hop's passage, the offered menu): predictors rank from it. A workload
+    must never put the branch's outcome, or anything derived from the trace's future, here.
+    """
 
     coordinate: BranchCoordinate
     candidates: tuple[str, ...]
     multi_valued: bool = False
+    evidence: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Template:

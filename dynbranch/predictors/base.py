@@ -1,0 +1,37 @@
+"""The predictor interface."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynbranch.workflow import BranchCoordinate, BranchPoint
+
+
+@dataclass(frozen=True)
+class BranchContext:
+    """What a predictor may see: the branch's identity, candidates and evidence."""
+
+    request_id: str
+    coordinate: BranchCoordinate
+    candidates: tuple[str, ...]
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, request_id: str, point: BranchPoint) -> BranchContext:
+        return cls(request_id, point.coordinate, point.candidates, point.evidence)
+
+
+class Predictor(ABC):
+    """Ranks candidates for a branch, best first."""
+
+    name: str
+
+    @abstractmethod
+    def rank(self, ctx: BranchContext, k: int) -> list[str]:
+        """Up to ``k`` candidates, best first, from ``ctx`` alone."""
+
+    def observe(self, ctx: BranchContext, chosen: tuple[str, ...]) -> None:
+        """Learn from a resolved branch (default: nothing to learn)."""
