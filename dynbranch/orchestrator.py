@@ -99,9 +99,10 @@ class Orchestrator:
             status, etype, emsg = "failed", type(e).__name__, f"unexpected: {e!r}"
         finally:
             await self.branch_hook.request_done(instance.request_id)
+        origin = ctx.last_human_end if instance.latency_origin == "last_human" else None
         return RequestRecord(
             request_id=instance.request_id, arrival=scheduled, start=start, end=self.rel(),
-            status=status, correct=correct, error_type=etype, error=emsg,
+            status=status, measured_from=origin, correct=correct, error_type=etype, error=emsg,
             stages=ctx.stages_run, prompt_tokens=ctx.prompt_tokens,
             output_tokens=ctx.output_tokens)
 
@@ -125,6 +126,7 @@ class RequestContext:
         self._o, self._inst = orch, instance
         self.request_id = instance.request_id
         self.stages_run = self.prompt_tokens = self.output_tokens = self._calls = 0
+        self.last_human_end: float | None = None
         self._coordinate: str | None = None
 
     # -- stages ---------------------------------------------------------------------------
@@ -183,7 +185,7 @@ class RequestContext:
         spec, fp, rendered = self._prepare(stage, "human", values)
         start = self._o.rel()
         await self._o.clock.sleep(think_s)
-        self._record(spec, fp, rendered, start, engine="human")
+        self.last_human_end = self._record(spec, fp, rendered, start, engine="human").end
 
     # -- branches -------------------------------------------------------------------------
 

@@ -75,6 +75,7 @@ class RequestRecord:
     start: float  # when the driver actually started it (send lag = start - arrival)
     end: float
     status: str  # completed | failed
+    measured_from: float | None = None  # latency origin when not the arrival (HCI)
     correct: float | None = None
     error_type: str = ""
     error: str = ""
@@ -84,7 +85,8 @@ class RequestRecord:
 
     @property
     def latency(self) -> float:
-        return self.end - self.arrival
+        origin = self.arrival if self.measured_from is None else self.measured_from
+        return self.end - origin
 
     @property
     def send_lag(self) -> float:

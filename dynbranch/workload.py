@@ -113,10 +113,16 @@ class StageContext(Protocol):
 
 
 class RequestInstance(ABC):
-    """One request of a workload, ready to run once."""
+    """One request of a workload, ready to run once.
+
+    ``latency_origin`` says where the request's latency is measured from: its scheduled
+    ``arrival`` (the default), or ``last_human``, the end of its last human stage (HCI:
+    the latency a user feels is the one after their click, not their own think time).
+    """
 
     request_id: str
     template: Template
+    latency_origin: str = "arrival"
 
     @abstractmethod
     async def run(self, ctx: StageContext) -> Any:

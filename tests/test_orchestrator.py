@@ -112,3 +112,21 @@ def test_workflow_mistakes_fail_the_request_with_a_typed_error():
     assert records[0].error_type == "StageError" and "without resolving" in records[0].error
     assert records[1].error_type == "RenderError" and "fact" in records[1].error
     assert records[2].status == "completed"
+
+
+class _HumanRequest(ToyRequest):
+    latency_origin = "last_human"
+
+    async def run(self, ctx):
+        await ctx.human("pick", {"question": self.question}, think_s=7.5)
+        return await super().run(ctx)
+
+
+def test_latency_after_a_human_wait_counts_from_the_click():
+    records, orch, _ = run_toy([_HumanRequest(0), ToyRequest(1)])
+    hci, plain = records
+    pick = next(s for s in orch.log.stages if s.stage == "pick")
+    assert pick.kind == "human" and pick.duration == pytest.approx(7.5)
+    assert hci.measured_from == pytest.approx(pick.end)
+    assert hci.latency == pytest.approx(hci.end - pick.end)
+    assert plain.measured_from is None and plain.latency == pytest.approx(plain.end)

@@ -18,6 +18,7 @@ TEMPLATE = Template("toy", "1", [
     StageSpec("lookup", "tool", ("key",), tool="kv", tool_schema_version="1", speculable=True),
     StageSpec("answer", "llm", ("question", "fact"), prompt="Q: {question}\nFact: {fact}\nA:",
               model="target", speculable=True),
+    StageSpec("pick", "human", ("question",)),
 ])
 KEYS = ("alpha", "beta", "gamma")
 
