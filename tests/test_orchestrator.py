@@ -26,7 +26,7 @@ def run_toy(requests, *, workers=2, arrivals=None, profile="qwen3-8b@rtx4090"):
                 await clock.sleep_until(t0 + at)
                 return await orch.run_request(req, at)
 
-            records = await asyncio.gather(*(one(r, a) for r, a in zip(requests, arrivals)))
+            records = await asyncio.gather(*(one(r, a) for r, a in zip(requests, arrivals, strict=True)))
             loads = [await c.load() for c in backend.clients()["target"]]
             return records, orch, loads
         finally:
@@ -47,7 +47,7 @@ def test_every_stage_is_logged_in_order_with_its_branch():
     assert rows[1].duration == pytest.approx(0.05)  # the tool's modelled cost, exactly
     assert rows[1].read_set == {"toy-000/kv": "0"}
     assert rows[0].engine.startswith("sim-target-") and rows[0].output_tokens > 0
-    assert all(a.end <= b.start + 1e-12 for a, b in zip(rows, rows[1:]))
+    assert all(a.end <= b.start + 1e-12 for a, b in zip(rows, rows[1:], strict=False))
     branches = [b for b in orch.log.branches if b.request_id == "toy-000"]
     assert len(branches) == 1 and branches[0].chosen == ["alpha"]
     assert all(load.running == 0 and load.waiting == 0 for load in loads)

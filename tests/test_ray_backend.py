@@ -96,3 +96,20 @@ def test_a_cluster_without_engine_slots_is_refused_before_placement(local_ray):
 
     with pytest.raises(ConfigError, match=r"dynbranch_engine: need 9, cluster has 4"):
         clock.run(main())
+
+
+def test_replay_through_the_driver_on_local_ray(local_ray, tmp_path):
+    from pathlib import Path
+
+    from dynbranch.driver import ReplayConfig, prepare, run_replay
+
+    fixture = Path(__file__).parent / "fixtures" / "bfcl"
+    cfg = ReplayConfig(workload="routing", arm="floor", backend="ray", clock="real",
+                       requests=8, rate=8.0, workers=2, profile="qwen3-0.6b@h200",
+                       out=tmp_path / "run", progress=False,
+                       workload_options={"root": str(fixture)})
+    result = run_replay(prepare(cfg, progress=lambda _m: None))
+    assert result.summary["backend"] == "ray"
+    assert result.summary["completed"] == 8 and result.summary["accuracy"] == 1.0
+    assert (tmp_path / "run" / "stages.parquet").exists()
+    assert _engine_units_free(4.0)

@@ -97,8 +97,8 @@ class RoutingWorkload(Workload):
 
     def fetch_data(self, data: DataConfig, progress: Callable[[str], None] = print) -> None:
         """Fetch the pinned bfcl-eval wheel into ``data.cache_dir`` unless it is there already
-        (or the workload reads a given ``root``)."""
-        if self.root is None:
+        (or the workload reads a given ``root``, or was told not to fetch)."""
+        if self.root is None and self.fetch:
             fetch_bfcl(data.cache_dir, progress)
 
     def check_data(self, data: DataConfig) -> None:
