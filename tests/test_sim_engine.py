@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from engine_contract import check_engine_contract
+from tests.engine_contract import check_engine_contract
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
