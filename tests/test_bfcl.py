@@ -313,7 +313,7 @@ def test_missing_tree_is_a_data_missing_error(tmp_path):
     assert str(bfcl_dir(tmp_path)) in str(err.value)
 
 
-def test_fetch_data_fetches_into_the_cache_unless_a_root_is_given(tmp_path, monkeypatch):
+def test_fetch_data_fetches_into_the_cache_unless_a_root_is_given_or_fetch_is_off(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(
         "workloads.routing.workload.fetch_bfcl",
@@ -323,6 +323,8 @@ def test_fetch_data_fetches_into_the_cache_unless_a_root_is_given(tmp_path, monk
     RoutingWorkload(root=FIXTURE).fetch_data(data, print)
     assert calls == []
     RoutingWorkload(fetch=False).fetch_data(data, print)
+    assert calls == []
+    RoutingWorkload().fetch_data(data, print)
     assert calls == [(tmp_path, print)]
 
 
