@@ -12,9 +12,6 @@ from pathlib import Path
 
 from dynbranch.errors import DynBranchError
 
-EXPERIMENTS = ("table1", "table2", "fig5a", "fig5b", "fig8", "fig9a", "fig9b", "depth",
-               "fig10", "fig11", "fig12", "fig13", "fig14")
-
 
 def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="replay a workload open-loop through one arm",
@@ -56,7 +53,7 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
 
 def _experiment_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("experiment", help="reproduce one table or figure of the paper")
-    p.add_argument("name", help=" | ".join(EXPERIMENTS))
+    p.add_argument("name", help="table1 | table2 | fig5a | fig5b | ... (DESIGN.md §5)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None)
 
@@ -117,11 +114,17 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from dynbranch.errors import NotBuiltError, UnknownNameError
+    from experiments import default_out, get_experiment
+    from experiments.common import write_experiment
 
-    if args.name not in EXPERIMENTS:
-        raise UnknownNameError("experiment", args.name, list(EXPERIMENTS))
-    raise NotBuiltError("experiment", args.name, [])
+    run = get_experiment(args.name)
+    out = Path(args.out) if args.out else default_out(args.name)
+    experiment = run(quick=args.quick, out=out)
+    write_experiment(experiment, out)
+    print(experiment.report)
+    print(f"results in {out}/ (results.parquet, summary.json, report.md, "
+          f"{', '.join(experiment.plots) or 'no plots'})")
+    return 0
 
 
 COMMANDS = {"replay": cmd_replay, "data": cmd_data, "experiment": cmd_experiment}

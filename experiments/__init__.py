@@ -1,0 +1,36 @@
+"""Batch experiments that reproduce the paper's tables and figures.
+
+``dynbranch experiment NAME [--quick] --out DIR`` runs one of them and writes
+``results.parquet``, ``summary.json`` (``{"experiment", "rows", "paper"}``), PNG plots and a
+``report.md`` that sets our numbers beside the paper's. Each experiment is a module here with
+``run(quick: bool, out: Path) -> Experiment``; this registry maps names to modules so the CLI
+can refuse unknown and not-yet-built names before anything runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+from dynbranch.errors import NotBuiltError, UnknownNameError
+
+ALL = ("table1", "table2", "fig5a", "fig5b", "fig8", "fig9a", "fig9b", "depth", "fig10",
+       "fig11", "fig12", "fig13", "fig14")
+"""Every experiment DESIGN.md §5 names."""
+
+BUILT: dict[str, str] = {}
+"""Experiment name → module (under ``experiments``) that implements it."""
+
+
+def get_experiment(name: str) -> Callable[..., object]:
+    """The ``run`` function of experiment ``name``; a typed error naming what exists otherwise."""
+    if name in BUILT:
+        return importlib.import_module(f"experiments.{BUILT[name]}").run
+    if name in ALL:
+        raise NotBuiltError("experiment", name, list(BUILT))
+    raise UnknownNameError("experiment", name, list(ALL))
+
+
+def default_out(name: str) -> Path:
+    return Path("runs") / "experiments" / name

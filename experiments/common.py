@@ -1,0 +1,122 @@
+"""What every experiment shares: cells of replays, pairing with the floor, result files.
+
+An experiment is a list of :class:`Cell` s — one replay each, on the local backend and the
+virtual clock unless the cell says otherwise — whose summaries become rows. Rows that differ
+only in arm are *paired*: the same requests, arrival schedule and seed, so each arm's
+``reduction_vs_floor`` is ``1 - mean_latency / floor's mean_latency`` within its pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dynbranch.driver import ReplayConfig, prepare, run_replay
+
+ROW_FIELDS = ("workload", "arm", "variant", "rate", "requests", "seed", "mean_latency_s",
+              "p50_latency_s", "p99_latency_s", "reduction_vs_floor", "accuracy",
+              "unsafe_splices", "fills_issued", "fills_consumed", "fills_discarded",
+              "reuse_hits", "promotions", "spec_engine_s", "completed", "failed", "wall_s")
+PAIR_KEYS = ("workload", "variant", "rate", "seed", "requests")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One replay of an experiment: a workload × arm × variant × rate × seed."""
+
+    workload: str
+    arm: str
+    variant: str = "default"
+    rate: float = 1.0
+    requests: int = 100
+    seed: int = 0
+    replay: Mapping[str, Any] = field(default_factory=dict)  # other ReplayConfig fields
+    workload_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def config(self, out: Path) -> ReplayConfig:
+        settings = {"backend": "local", "clock": "virtual", **self.replay}
+        return ReplayConfig(
+            workload=self.workload, arm=self.arm, rate=self.rate, requests=self.requests,
+            seed=self.seed, out=out / self.slug(), progress=False,
+            workload_options=dict(self.workload_options), **settings)
+
+    def slug(self) -> str:
+        return (f"{self.workload}-{self.variant}-{self.arm}-r{self.rate:g}"
+                f"-n{self.requests}-s{self.seed}")
+
+
+def run_cells(cells: Sequence[Cell], out: Path,
+              extra: Callable[[Cell, Any], Mapping[str, Any]] | None = None,
+              ) -> list[dict[str, Any]]:
+    """Run every cell (a progress bar over cells) and return one row per cell."""
+    from tqdm import tqdm
+
+    rows = []
+    for cell in tqdm(cells, desc="cells", unit="replay"):
+        result = run_replay(prepare(cell.config(out / "replays"), progress=lambda _m: None))
+        row = {k: result.summary.get(k) for k in ROW_FIELDS if k in result.summary}
+        row.update({"workload": cell.workload, "arm": cell.arm, "variant": cell.variant,
+                    "rate": cell.rate, "requests": cell.requests, "seed": cell.seed})
+        if extra is not None:
+            row.update(extra(cell, result))
+        rows.append(row)
+    return add_reduction_vs_floor(rows)
+
+
+def add_reduction_vs_floor(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Set ``reduction_vs_floor`` on every row from the floor row of its pair."""
+    floors = {tuple(r[k] for k in PAIR_KEYS): r["mean_latency_s"]
+              for r in rows if r["arm"] == "floor"}
+    for r in rows:
+        floor = floors.get(tuple(r[k] for k in PAIR_KEYS))
+        r["reduction_vs_floor"] = (1.0 - r["mean_latency_s"] / floor
+                                   if floor and r.get("mean_latency_s") is not None else None)
+    return rows
+
+
+@dataclass
+class Experiment:
+    """An experiment's outcome, ready to be written."""
+
+    name: str
+    rows: list[dict[str, Any]]
+    paper: dict[str, Any]
+    report: str
+    plots: dict[str, Callable[[Path], None]] = field(default_factory=dict)
+
+
+def write_experiment(exp: Experiment, out: Path) -> None:
+    """``results.parquet``, ``summary.json``, every plot and ``report.md`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(exp.rows).to_parquet(out / "results.parquet", index=False)
+    summary = {"experiment": exp.name, "rows": exp.rows, "paper": exp.paper}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json) + "\n")
+    for filename, plot in exp.plots.items():
+        plot(out / filename)
+    (out / "report.md").write_text(exp.report.rstrip() + "\n")
+
+
+def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """A Markdown table of ``columns`` (floats to 3 decimals, fractions as given)."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3f}"
+        return "" if v is None else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _json(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
