@@ -139,3 +139,38 @@ class EngineAborted(EngineError):
 
 class PromptTooLongError(EngineError):
     """A prompt that cannot fit in the engine's KV pool even when it runs alone."""
+
+
+# -- C1 reuse store ------------------------------------------------------------------------
+
+
+class ReuseError(DynBranchError):
+    """A stage C1 cannot name, record or restore; the stage then runs without reuse."""
+
+
+class UnnameableInputError(ReuseError):
+    """A reuse key part (rendered field, parameter) that has no canonical encoding."""
+
+    def __init__(self, part: str, problem: str):
+        self.part, self.problem = part, problem
+        super().__init__(f"cannot name reuse key: {part}: {problem}")
+
+
+class UnrecordableValueError(ReuseError):
+    """A stage output or input that cannot be serialised into a record (not JSON-like)."""
+
+    def __init__(self, what: str, problem: str):
+        self.what, self.problem = what, problem
+        super().__init__(f"cannot record {what}: {problem}")
+
+
+class CorruptRecordError(ReuseError):
+    """Record bytes that do not decode to a record of the expected schema."""
+
+    def __init__(self, problem: str):
+        self.problem = problem
+        super().__init__(f"corrupt reuse record: {problem}")
+
+
+class TicketError(ReuseError):
+    """An in-flight ticket finished twice, or finished with another name's record."""
