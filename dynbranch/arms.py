@@ -11,27 +11,37 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dynbranch.errors import NotBuiltError, UnknownNameError
-from dynbranch.hooks import BranchHook, NoReuse, NoSpeculation, ReuseHook
+from dynbranch.hooks import BranchHook, NoReuse, NoSpeculation, ReuseHook, RunContext
 from dynbranch.placement import LeastOutstanding, PlacementPolicy
 
 
 @dataclass(frozen=True)
 class Arm:
-    """A named configuration of the stack."""
+    """A named configuration of the stack: factories of its hooks and placement policy."""
 
     name: str
     description: str
-    make_reuse: Callable[[], ReuseHook]
-    make_branch: Callable[[], BranchHook]
+    make_reuse: Callable[[RunContext], ReuseHook]
+    make_branch: Callable[[RunContext], BranchHook]
     make_placement: Callable[[], PlacementPolicy]
+
+
+def _c1_reuse(run: RunContext) -> ReuseHook:
+    from dynbranch.reuse.hook import StoreReuseHook
+
+    if run.make_store is None:
+        raise ValueError("the c1 arm needs a store; the backend provides none")
+    return StoreReuseHook(run.make_store(), run)
 
 
 BUILT: dict[str, Arm] = {
     "floor": Arm("floor", "no cross-request reuse, no speculation (the reference)",
                  NoReuse, NoSpeculation, LeastOutstanding),
+    "c1": Arm("c1", "cross-request exact subgraph reuse with read-set freshness, no fills",
+              _c1_reuse, NoSpeculation, LeastOutstanding),
 }
 
-PLANNED = ("c1", "c2", "full", "instcache", "helium", "parrot", "dsp", "spagent")
+PLANNED = ("c2", "full", "instcache", "helium", "parrot", "dsp", "spagent")
 
 
 def get_arm(name: str) -> Arm:

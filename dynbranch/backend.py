@@ -12,9 +12,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dynbranch.clock import Clock
 from dynbranch.engines.protocol import Engine, GenerateRequest, GenerateResult, LoadSnapshot
+from dynbranch.hooks import ModelId
+
+if TYPE_CHECKING:
+    from dynbranch.reuse.client import StoreClient
 
 BACKENDS = ("local", "ray")
 
@@ -73,6 +78,7 @@ class Backend(ABC):
 
     name: str
     clock: Clock
+    _roles: dict[str, EngineSpec]
 
     @abstractmethod
     async def start(self) -> None:
@@ -85,6 +91,18 @@ class Backend(ABC):
     @abstractmethod
     async def shutdown(self) -> None:
         """Stop every engine; nothing may keep running after this returns."""
+
+    def models(self) -> dict[str, ModelId]:
+        """The model serving each role (part of every LLM stage's reuse name)."""
+        return {role: ModelId(spec.model_path or spec.profile, spec.kind)
+                for role, spec in self._roles.items()}
+
+    def make_store(self, capacity_bytes: int, policy: str = "lru") -> StoreClient:
+        """A subgraph store for C1 records (default: in the orchestrator's process)."""
+        from dynbranch.reuse.client import LocalStoreClient
+        from dynbranch.reuse.store import SubgraphStore
+
+        return LocalStoreClient(SubgraphStore(capacity_bytes, policy))
 
     def describe(self) -> str:
         """One line naming the backend and its engines, for reports."""

@@ -22,6 +22,7 @@ from dynbranch.arrivals import PROCESSES, arrival_times
 from dynbranch.backend import BACKENDS, Backend, EngineSpec, LocalBackend
 from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
 from dynbranch.errors import ConfigError, NotBuiltError, UnknownNameError
+from dynbranch.hooks import RunContext
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.records import RequestRecord
 from dynbranch.workload import DataConfig, RequestInstance, Workload
@@ -46,6 +47,9 @@ class ReplayConfig:
     cv: float = 1.0
     split: str = "test"
     tool_time: str = "modelled"
+    store_mb: int = 1024
+    eviction: str = "lru"
+    tenant: str = "default"
     out: Path = Path("runs/replay")
     data_dir: str | None = None
     address: str | None = None
@@ -139,7 +143,8 @@ def run_replay(prepared: Prepared, backend: Backend | None = None) -> ReplayResu
     with Stopwatch() as wall:
         records, orch = clock.run(_replay(prepared, backend))
     run = {**cfg.settings(), "wall_s": wall.elapsed_s, "backend": backend.name}
-    summary = summarize(run, records, orch.log.stages)
+    summary = summarize(run, records, orch.log.stages, fills=orch.branch_hook.stats(),
+                        mechanisms=orch.mechanism_stats)
     write_results(cfg.out, summary, records, orch.log.stages, orch.log.branches)
     if cfg.progress:
         print(report(summary))
@@ -150,8 +155,14 @@ async def _replay(prepared: Prepared, backend: Backend
                   ) -> tuple[list[RequestRecord], Orchestrator]:
     await backend.start()
     try:
-        orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm)
+        cfg = prepared.config
+        run = RunContext(
+            clock=prepared.clock, arm=prepared.arm.name, tenant=cfg.tenant,
+            models=backend.models(), options={"fanout": cfg.fanout},
+            make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction))
+        orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
         records = await _launch_all(prepared, orch)
+        await orch.finish_run()
     finally:
         await backend.shutdown()
     return records, orch

@@ -1,8 +1,9 @@
 """The two points where DynBranch's mechanisms enter the orchestrator.
 
 * :class:`ReuseHook` — C1. Before a stage executes, ``lookup`` may serve it (from a
-  committed record, by promoting a shadow, or by joining a fill in flight); after it
-  executes, ``record`` may keep its result under its reuse name.
+  committed record, by promoting a shadow, or by joining an execution in flight); after it
+  executes, ``record`` may keep its result under its reuse name, and ``abandon`` releases
+  the claim of a stage that failed. ``writes`` reports changed external resources.
 * :class:`BranchHook` — C2/C3. When a workflow opens a branch, ``opened`` may start fills
   for predicted candidates; when the branch resolves, ``resolved`` cancels the losers.
 
@@ -12,10 +13,52 @@ orchestrator's own path is the no-reuse floor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from dynbranch.clock import Clock
 from dynbranch.workflow import BranchPoint, RenderedInput, StageSpec
+
+
+@dataclass(frozen=True)
+class ModelId:
+    """The model (and revision) that serves a model role: part of every LLM reuse name."""
+
+    model: str
+    revision: str
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What an arm's hooks need to know about the run they serve."""
+
+    clock: Clock
+    arm: str
+    tenant: str = "default"
+    models: Mapping[str, ModelId] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    make_store: Callable[[], Any] | None = None  # a StoreClient where the backend keeps records
+
+
+@dataclass(frozen=True)
+class StageCall:
+    """One stage about to run: its identity, its complete rendered input, its lineage.
+
+    ``reusable`` is true when the stage may be served from a record at all: declared
+    speculable (deterministic, safe to run twice) and, for a tool stage, this call declared
+    read-only by its tool — a call with external effects must always execute. ``upstream``
+    names the records of the same request whose outputs this input was rendered from (C1's
+    provenance), and ``inherited_reads`` is the union of their read-sets.
+    """
+
+    request_id: str
+    stage: StageSpec
+    fingerprint: str
+    rendered: RenderedInput
+    reusable: bool = False
+    upstream: tuple[str, ...] = ()
+    inherited_reads: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -33,9 +76,10 @@ class StageOutcome:
     """A stage that executed: what C1 may record about it."""
 
     value: Any
-    read_set: dict[str, str]
-    writes: tuple[str, ...]
+    read_set: Mapping[str, str]
+    writes: Mapping[str, str]
     engine: str
+    duration_s: float
 
 
 class ReuseHook:
@@ -43,21 +87,30 @@ class ReuseHook:
 
     name = "none"
 
-    async def lookup(self, request_id: str, stage: StageSpec, fingerprint: str,
-                     rendered: RenderedInput) -> Served | None:
+    async def lookup(self, call: StageCall) -> Served | None:
         """Serve the stage without executing it, or ``None`` to execute it."""
         return None
 
-    async def record(self, request_id: str, stage: StageSpec, fingerprint: str,
-                     rendered: RenderedInput, outcome: StageOutcome) -> None:
+    async def record(self, call: StageCall, outcome: StageOutcome) -> None:
         """Keep an executed stage's result (no-op by default)."""
 
-    async def writes(self, request_id: str, resources: tuple[str, ...]) -> None:
-        """A stage changed these external resources (no-op by default)."""
+    async def abandon(self, call: StageCall) -> None:
+        """The stage ``lookup`` let execute failed: release whatever it claimed."""
 
-    def reuse_name(self, stage: StageSpec, fingerprint: str, rendered: RenderedInput) -> str:
+    async def writes(self, request_id: str, writes: Mapping[str, str]) -> None:
+        """A stage changed these external resources (resource → new version)."""
+
+    def reuse_name(self, call: StageCall) -> str:
         """The stage's reuse name, or ``""`` when reuse is off."""
         return ""
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for the run's summary."""
+        return {}
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Counters plus what the mechanism holds at the end of a run (before shutdown)."""
+        return self.stats()
 
 
 class BranchHook:
@@ -75,6 +128,16 @@ class BranchHook:
     async def request_done(self, request_id: str) -> None:
         """The request finished; nothing of its speculation may outlive it."""
 
+    def stats(self) -> dict[str, Any]:
+        """Counters for the run's summary (fills issued, consumed, discarded, …)."""
+        return {}
 
-NoReuse = ReuseHook
-NoSpeculation = BranchHook
+
+def NoReuse(run: RunContext) -> ReuseHook:  # noqa: N802 - a factory named like the hook
+    """The floor's reuse hook: nothing is served or recorded."""
+    return ReuseHook()
+
+
+def NoSpeculation(run: RunContext) -> BranchHook:  # noqa: N802
+    """The floor's branch hook: no fills."""
+    return BranchHook()

@@ -22,11 +22,11 @@ from dynbranch.canonical import value_digest
 from dynbranch.clock import Clock
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest, GenerateResult
 from dynbranch.errors import DynBranchError, RenderError, StageError, ToolCallError
-from dynbranch.hooks import Served, StageOutcome
+from dynbranch.hooks import RunContext, Served, StageCall, StageOutcome
 from dynbranch.placement import PlacementPolicy
 from dynbranch.records import BranchRecord, RequestRecord, StageRecord
-from dynbranch.workflow import BranchPoint, RenderedInput, StageSpec
-from dynbranch.workload import RequestInstance
+from dynbranch.workflow import BranchPoint, StageSpec, as_text
+from dynbranch.workload import RequestInstance, Tool, ToolResult
 
 
 class EnginePool:
@@ -67,13 +67,22 @@ class Orchestrator:
     """Runs request instances for one arm over one set of engines."""
 
     def __init__(self, clock: Clock, clients: Mapping[str, Sequence[EngineClient]],
-                 arm: Arm, *, tenant: str = "default") -> None:
-        self.clock, self.arm, self.tenant = clock, arm, tenant
+                 arm: Arm, *, run: RunContext | None = None, audit: bool = True) -> None:
+        self.run = run or RunContext(clock=clock, arm=arm.name)
+        self.clock, self.arm, self.tenant = clock, arm, self.run.tenant
+        self.audit = audit  # re-execute every served stage out of band (the splice checker)
         self.pool = EnginePool(clients, arm.make_placement())
-        self.reuse = arm.make_reuse()
-        self.branch_hook = arm.make_branch()
+        self.reuse = arm.make_reuse(self.run)
+        self.branch_hook = arm.make_branch(self.run)
         self.log = RunLog()
+        self.mechanism_stats: dict[str, Any] = {}
         self._t0: float | None = None
+
+    async def finish_run(self) -> dict[str, Any]:
+        """Collect the mechanisms' counters and holdings (call before engines shut down)."""
+        self.mechanism_stats = {"reuse": await self.reuse.snapshot(),
+                                "speculation": self.branch_hook.stats()}
+        return self.mechanism_stats
 
     def start_run(self) -> float:
         """Mark the run's time origin (call inside the running loop); returns it."""
@@ -127,65 +136,79 @@ class RequestContext:
         self.request_id = instance.request_id
         self.stages_run = self.prompt_tokens = self.output_tokens = self._calls = 0
         self.last_human_end: float | None = None
+        self._lineage: list[tuple[str, str, dict[str, str]]] = []
         self._coordinate: str | None = None
 
     # -- stages ---------------------------------------------------------------------------
 
     async def llm(self, stage: str, values: Mapping[str, Any]) -> str:
-        spec, fp, rendered = self._prepare(stage, "llm", values)
+        call = self._prepare(stage, "llm", values)
         start = self._o.rel()
-        served = await self._o.reuse.lookup(self.request_id, spec, fp, rendered)
+        served = await self._o.reuse.lookup(call)
         if served is not None:
-            self._log_served(spec, fp, rendered, served, start)
-            return served.value
+            return self._log_served(call, served, start)
+        spec = call.stage
         self._calls += 1  # NOTE: taken at issue: parallel stages of one request must not share ids
         request = GenerateRequest(
-            request_id=f"{self.request_id}/{self._calls}/{stage}", prompt=rendered.text,
-            max_tokens=spec.sampling.max_tokens, replay_text=self._inst.replay_text(rendered),
-            priority=CANONICAL, temperature=spec.sampling.temperature,
-            top_p=spec.sampling.top_p, seed=spec.sampling.seed, cache_salt=self._o.tenant)
-        client, result = await self._o.pool.generate(spec.model, request)
+            request_id=f"{self.request_id}/{self._calls}/{stage}", prompt=call.rendered.text,
+            max_tokens=spec.sampling.max_tokens,
+            replay_text=self._inst.replay_text(call.rendered), priority=CANONICAL,
+            temperature=spec.sampling.temperature, top_p=spec.sampling.top_p,
+            seed=spec.sampling.seed, cache_salt=self._o.tenant)
+        try:
+            client, result = await self._o.pool.generate(spec.model, request)
+        except BaseException:
+            await self._o.reuse.abandon(call)
+            raise
         self.prompt_tokens += result.prompt_tokens
         self.output_tokens += result.output_tokens
-        record = self._record(spec, fp, rendered, start, engine=client.engine_id,
-                              output=result.text)
+        record = self._record(call, start, engine=client.engine_id, output=result.text)
         record.prompt_tokens, record.output_tokens = result.prompt_tokens, result.output_tokens
         record.cached_prompt_tokens = result.cached_prompt_tokens
         record.queued_s = result.first_scheduled_at - result.arrived_at
         record.engine_s, record.preemptions = result.engine_s, result.preemptions
-        await self._o.reuse.record(self.request_id, spec, fp, rendered,
-                                   StageOutcome(result.text, {}, (), client.engine_id))
+        await self._o.reuse.record(call, StageOutcome(
+            result.text, {}, {}, client.engine_id, record.duration))
+        self._remember(call, result.text, {})
         return result.text
 
     async def tool(self, stage: str, values: Mapping[str, Any]) -> Any:
-        spec, fp, rendered = self._prepare(stage, "tool", values)
+        call = self._prepare(stage, "tool", values)
         start = self._o.rel()
-        served = await self._o.reuse.lookup(self.request_id, spec, fp, rendered)
+        served = await self._o.reuse.lookup(call)
         if served is not None:
-            self._log_served(spec, fp, rendered, served, start)
-            return served.value
-        tool = self._inst.tool(spec.tool)
-        with self._o.clock.stopwatch() as sw:
-            try:
-                result = tool.call(rendered.fields)
-            except Exception as e:
-                self._record(spec, fp, rendered, start, engine=tool.name,
-                             error=f"{type(e).__name__}: {e}")
-                raise ToolCallError(self.request_id, stage, f"{type(e).__name__}: {e}") from e
-        await self._o.clock.charge(sw.elapsed_s, tool.cost.charge_s(sw.elapsed_s))
-        record = self._record(spec, fp, rendered, start, engine=tool.name, output=result.value)
-        record.read_set, record.writes = dict(result.reads), list(result.writes)
+            return self._log_served(call, served, start)
+        tool = self._inst.tool(call.stage.tool)
+        try:
+            result, measured = self._call_tool(call, tool, start)
+            await self._o.clock.charge(measured, tool.cost.charge_s(measured))
+        except BaseException:
+            await self._o.reuse.abandon(call)
+            raise
+        record = self._record(call, start, engine=tool.name, output=result.value)
+        record.read_set, record.writes = dict(result.reads), dict(result.writes)
         if result.writes:
-            await self._o.reuse.writes(self.request_id, tuple(result.writes))
-        await self._o.reuse.record(self.request_id, spec, fp, rendered, StageOutcome(
-            result.value, dict(result.reads), tuple(result.writes), tool.name))
+            await self._o.reuse.writes(self.request_id, result.writes)
+        await self._o.reuse.record(call, StageOutcome(
+            result.value, dict(result.reads), dict(result.writes), tool.name, record.duration))
+        self._remember(call, as_text(result.value), dict(result.reads))
         return result.value
 
+    def _call_tool(self, call: StageCall, tool: Tool, start: float) -> tuple[ToolResult, float]:
+        with self._o.clock.stopwatch() as sw:
+            try:
+                result = tool.call(call.rendered.fields)
+            except Exception as e:
+                self._record(call, start, engine=tool.name, error=f"{type(e).__name__}: {e}")
+                raise ToolCallError(self.request_id, call.stage.name,
+                                    f"{type(e).__name__}: {e}") from e
+        return result, sw.elapsed_s
+
     async def human(self, stage: str, values: Mapping[str, Any], think_s: float) -> None:
-        spec, fp, rendered = self._prepare(stage, "human", values)
+        call = self._prepare(stage, "human", values)
         start = self._o.rel()
         await self._o.clock.sleep(think_s)
-        self.last_human_end = self._record(spec, fp, rendered, start, engine="human").end
+        self.last_human_end = self._record(call, start, engine="human").end
 
     # -- branches -------------------------------------------------------------------------
 
@@ -208,8 +231,7 @@ class RequestContext:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _prepare(self, stage: str, kind: str, values: Mapping[str, Any]
-                 ) -> tuple[StageSpec, str, RenderedInput]:
+    def _prepare(self, stage: str, kind: str, values: Mapping[str, Any]) -> StageCall:
         template = self._inst.template
         try:
             spec = template.stage(stage)
@@ -221,23 +243,73 @@ class RequestContext:
             rendered = spec.render(values)
         except (KeyError, TypeError, ValueError) as e:
             raise RenderError(self.request_id, stage, f"cannot render input: {e}") from e
-        return spec, template.fingerprint(stage), rendered
+        upstream, reads = self._lineage_of(rendered.text)
+        return StageCall(self.request_id, spec, template.fingerprint(stage), rendered,
+                         reusable=self._reusable(spec, rendered.fields),
+                         upstream=upstream, inherited_reads=reads)
 
-    def _record(self, spec: StageSpec, fp: str, rendered: RenderedInput, start: float, *,
-                engine: str, output: Any = None, error: str = "") -> StageRecord:
+    def _audit(self, call: StageCall) -> str:
+        """What canonical execution of a served stage returns now, for the splice checker.
+
+        Out of band: nothing is charged on the clock and nothing is logged as a stage. An LLM
+        stage's canonical output is the replay oracle's (``""`` when the trace has none: a
+        real engine would have to run it); a tool stage (read-only, or it would not have
+        been served) is called again on the request's own state as it is now.
+        """
+        if call.stage.kind == "llm":
+            text = self._inst.replay_text(call.rendered)
+            return value_digest(text) if text is not None else ""
+        try:
+            value = self._inst.tool(call.stage.tool).call(call.rendered.fields).value
+        except Exception as e:
+            return value_digest(f"audit raised {type(e).__name__}: {e}")
+        return value_digest(value)
+
+    def _reusable(self, spec: StageSpec, fields: Mapping[str, Any]) -> bool:
+        if not spec.speculable:
+            return False
+        if spec.kind == "tool":
+            return self._inst.tool(spec.tool).is_read_only(fields)
+        return spec.kind == "llm"
+
+    def _lineage_of(self, text: str) -> tuple[tuple[str, ...], dict[str, str]]:
+        """Records of this request whose output appears verbatim in ``text``.
+
+        NOTE: containment over-approximates what an input was rendered from (a short output
+        may occur by chance), which only widens the write cascade: safe, never unsafe.
+        """
+        names: list[str] = []
+        reads: dict[str, str] = {}
+        for name, output, read_set in self._lineage:
+            if output in text:
+                names.append(name)
+                reads.update(read_set)
+        return tuple(names), reads
+
+    def _remember(self, call: StageCall, output: str, read_set: Mapping[str, str]) -> None:
+        name = self._o.reuse.reuse_name(call)
+        if name and output:
+            self._lineage.append((name, output, {**call.inherited_reads, **read_set}))
+
+    def _record(self, call: StageCall, start: float, *, engine: str, output: Any = None,
+                error: str = "") -> StageRecord:
         record = StageRecord(
-            request_id=self.request_id, stage=spec.name, kind=spec.kind, seq=self.stages_run,
-            coordinate=self._coordinate, start=start, end=self._o.rel(), engine=engine,
-            reuse_name=self._o.reuse.reuse_name(spec, fp, rendered), fingerprint=fp,
-            input_digest=rendered.input_digest,
+            request_id=self.request_id, stage=call.stage.name, kind=call.stage.kind,
+            seq=self.stages_run, coordinate=self._coordinate, start=start, end=self._o.rel(),
+            engine=engine, reuse_name=self._o.reuse.reuse_name(call),
+            fingerprint=call.fingerprint, input_digest=call.rendered.input_digest,
             output_digest=value_digest(output) if output is not None and not error else "",
             error=error)
         self.stages_run += 1
         self._o.log.stages.append(record)
         return record
 
-    def _log_served(self, spec: StageSpec, fp: str, rendered: RenderedInput, served: Served,
-                    start: float) -> None:
-        record = self._record(spec, fp, rendered, start, engine="", output=served.value)
+    def _log_served(self, call: StageCall, served: Served, start: float) -> Any:
+        record = self._record(call, start, engine="", output=served.value)
         record.served_from, record.reuse_name = served.served_from, served.reuse_name
         record.read_set = dict(served.read_set)
+        if self._o.audit:
+            record.audit_digest = self._audit(call)
+        text = served.value if isinstance(served.value, str) else as_text(served.value)
+        self._remember(call, text, served.read_set)
+        return served.value

@@ -37,8 +37,9 @@ class StageRecord:
     engine_s: float = 0.0  # engine-side time of the call (0 for tools)
     preemptions: int = 0
     read_set: dict[str, str] = field(default_factory=dict)
-    writes: list[str] = field(default_factory=list)
+    writes: dict[str, str] = field(default_factory=dict)  # resource -> version after
     output_digest: str = ""
+    audit_digest: str = ""  # served stages: digest of what canonical execution returned then
     error: str = ""
 
     @property

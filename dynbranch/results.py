@@ -28,7 +28,7 @@ SUMMARY_FIELDS = (
 
 def summarize(run: Mapping[str, Any], requests: Sequence[RequestRecord],
               stages: Sequence[StageRecord], fills: Mapping[str, int] | None = None,
-              ) -> dict[str, Any]:
+              mechanisms: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The run's summary: ``run`` holds its settings (workload, arm, …, wall_s)."""
     done = [r for r in requests if r.status == "completed"]
     lat = np.array([r.latency for r in done]) if done else np.array([np.nan])
@@ -63,6 +63,7 @@ def summarize(run: Mapping[str, Any], requests: Sequence[RequestRecord],
         "output_tokens": int(sum(r.output_tokens for r in requests)),
         "stages": len(stages),
         "errors": _error_counts(requests),
+        **dict(mechanisms or {}),
     })
     return {**out, **extra}
 
@@ -106,6 +107,7 @@ def stages_frame(stages: Sequence[StageRecord]) -> pd.DataFrame:
     for r in rows:
         # NOTE: a map column with per-run keys is awkward in Parquet; JSON keeps it exact.
         r["read_set"] = json.dumps(r["read_set"], sort_keys=True)
+        r["writes"] = json.dumps(r["writes"], sort_keys=True)
     return pd.DataFrame(rows)
 
 

@@ -114,8 +114,8 @@ class StageSpec:
         if missing:
             raise KeyError(f"stage {self.name!r} is missing inputs {missing}")
         fields = {n: values[n] for n in self.inputs}
-        text = self.prompt.format(**{n: _as_text(v) for n, v in fields.items()}) \
-            if self.prompt is not None else _as_text(fields)
+        text = self.prompt.format(**{n: as_text(v) for n, v in fields.items()}) \
+            if self.prompt is not None else as_text(fields)
         return RenderedInput(self.name, MappingProxyType(fields), text)
 
 
@@ -219,7 +219,8 @@ def _format_fields(template: str) -> set[str]:
     return names
 
 
-def _as_text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """How a value renders into a prompt: strings as they are, anything else as sorted JSON."""
     if isinstance(value, str):
         return value
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))

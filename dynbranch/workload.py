@@ -26,13 +26,15 @@ from dynbranch.workflow import BranchPoint, RenderedInput, Template
 class ToolResult:
     """A tool call's value and its external effects.
 
-    ``reads`` maps each external resource the call read to the version it saw (C1's
-    read-set); ``writes`` names the resources it changed, whose versions it bumped.
+    ``reads`` maps each external resource the call read to the version it saw before any
+    write of its own (C1's read-set); ``writes`` maps each resource it changed to the
+    version it left behind (its owner's new version), so C1 can invalidate what read the
+    old one and keep serving what reads the new one.
     """
 
     value: Any
     reads: Mapping[str, str] = field(default_factory=dict)
-    writes: tuple[str, ...] = ()
+    writes: Mapping[str, str] = field(default_factory=dict)
 
 
 class ToolCost(ABC):

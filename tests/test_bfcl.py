@@ -571,9 +571,9 @@ def test_read_set_versions_and_declared_effects():
     values = request.executor_values
     key = f"{request.request_id}/GorillaFileSystem"
     ls = tool.call(values("ls()"))
-    assert ls.reads == {key: "0"} and ls.writes == ()
+    assert ls.reads == {key: "0"} and ls.writes == {}
     cd = tool.call(values("cd(folder='notes')"))
-    assert cd.reads == {key: "0"} and cd.writes == (key,)
+    assert cd.reads == {key: "0"} and cd.writes == {key: "1"}
     assert tool.call(values("pwd()")).reads == {key: "1"}
     assert tool.call(values("mean(numbers=[1.0, 2.0])")).reads == {
         f"{request.request_id}/MathAPI": "0"
@@ -659,7 +659,7 @@ def test_single_turn_tool_returns_the_normalised_call_and_refuses_bad_ones():
     tool = request.tool("bfcl")
     result = tool.call(request.executor_values("kitchen.timer(12)"))
     assert result.value == {"name": "kitchen.timer", "arguments": {"minutes": 12.0}}
-    assert result.reads == {} and result.writes == ()
+    assert result.reads == {} and result.writes == {}
     with pytest.raises(ToolInputError, match="not an offered function"):
         tool.call(request.executor_values("oven.on(temp=200)"))
     with pytest.raises(ToolInputError, match="expected a number"):

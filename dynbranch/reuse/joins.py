@@ -15,8 +15,12 @@ import asyncio
 class Waiters:
     """Futures of in-flight tickets that joiners wait on."""
 
-    def __init__(self) -> None:
+    def __init__(self, remember: int = 65_536) -> None:
         self._futures: dict[int, asyncio.Future[None]] = {}
+        # NOTE: tickets already woken, so a joiner that learns of a ticket only after its
+        # executor finished (a store behind an RPC answers late) does not wait forever.
+        self._woken: dict[int, None] = {}
+        self._remember = remember
 
     def __len__(self) -> int:
         return len(self._futures)
@@ -28,6 +32,8 @@ class Waiters:
         between: on one event loop the executor cannot finish in that gap, so the future
         always exists before :meth:`wake` runs.
         """
+        if ticket_id in self._woken:
+            return
         future = self._futures.get(ticket_id)
         if future is None:
             future = asyncio.get_running_loop().create_future()
@@ -37,6 +43,9 @@ class Waiters:
 
     def wake(self, ticket_id: int) -> bool:
         """Wake every joiner of ``ticket_id``; returns whether any waited."""
+        self._woken[ticket_id] = None
+        if len(self._woken) > self._remember:
+            del self._woken[next(iter(self._woken))]
         future = self._futures.pop(ticket_id, None)
         if future is None:
             return False

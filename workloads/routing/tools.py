@@ -3,8 +3,8 @@ single-turn calls against their schema.
 
 Read-set and writes (C1's freshness guard): a multi-turn call reads the resource
 ``"{request_id}/{ClassName}"`` of the class it calls, at that class's version (an int, as
-text); a call declared mutating bumps the version and reports the resource in
-``ToolResult.writes``. Single-turn validation is a pure function of the call text and the
+text); a call declared mutating bumps the version and reports the resource with its new
+version in ``ToolResult.writes``. Single-turn validation is a pure function of the call text and the
 record's schema, so it reads nothing.
 
 Tool time, by default **modelled** (an assumption, stated here so it can be challenged):
@@ -105,7 +105,8 @@ class ApiTool(Tool):
         except Exception as e:
             raise ToolExecutionError(TOOL_NAME, text, f"{type(e).__name__}: {e}") from e
         key = self.resource(cls)
-        writes = (key,) if self.state.versions[cls] != before else ()
+        after = self.state.versions[cls]
+        writes = {key: str(after)} if after != before else {}
         return ToolResult(value, reads={key: str(before)}, writes=writes)
 
 

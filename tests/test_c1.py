@@ -1,0 +1,154 @@
+"""C1 through the orchestrator: serve, join, invalidate on write, release on failure."""
+
+import asyncio
+
+import pytest
+
+from dynbranch.arms import get_arm
+from dynbranch.audit import unsafe_splices
+from dynbranch.backend import EngineSpec, LocalBackend
+from dynbranch.clock import VirtualClock
+from dynbranch.hooks import RunContext
+from dynbranch.orchestrator import Orchestrator
+from tests.shared_kv import RESOURCE, ReadRequest, SharedKV, WriteRequest
+
+
+def run(arm, schedule, *, capacity=1 << 24):
+    """Run ``schedule`` = [(arrival, request)] through ``arm``; returns records and the log."""
+    clock = VirtualClock()
+    backend = LocalBackend(clock, {"target": EngineSpec("sim", "qwen3-8b@rtx4090", 2)})
+
+    async def main():
+        await backend.start()
+        try:
+            ctx = RunContext(clock=clock, arm=arm, models=backend.models(),
+                             make_store=lambda: backend.make_store(capacity))
+            orch = Orchestrator(clock, backend.clients(), get_arm(arm), run=ctx)
+            t0 = orch.start_run()
+
+            async def one(at, req):
+                await clock.sleep_until(t0 + at)
+                return await orch.run_request(req, at)
+
+            records = await asyncio.gather(*(one(at, r) for at, r in schedule))
+            await orch.finish_run()
+            return records, orch
+        finally:
+            await backend.shutdown()
+
+    return clock.run(main())
+
+
+def served(orch, request_id):
+    return [(s.stage, s.served_from) for s in orch.log.stages if s.request_id == request_id]
+
+
+def test_a_repeat_is_served_from_records_with_identical_values():
+    kv = SharedKV({"colour": "blue"})
+    records, orch = run("c1", [(0.0, ReadRequest("a", kv, "colour")),
+                               (10.0, ReadRequest("b", kv, "colour"))])
+    assert served(orch, "a") == [("plan", "exec"), ("lookup", "exec"), ("answer", "exec")]
+    assert served(orch, "b") == [("plan", "cache"), ("lookup", "cache"), ("answer", "cache")]
+    a, b = records
+    assert b.latency < 0.01 < a.latency
+    outs = {s.request_id: s.output_digest for s in orch.log.stages if s.stage == "answer"}
+    assert outs["a"] == outs["b"]
+    assert unsafe_splices(orch.log.stages) == []
+    stats = orch.mechanism_stats["reuse"]
+    assert stats["served_cache"] == 3 and stats["open_tickets"] == 0
+    assert stats["store"]["in_flight"] == 0 and stats["store"]["records_held"] == 3
+
+
+def test_the_floor_never_serves():
+    kv = SharedKV({"colour": "blue"})
+    _, orch = run("floor", [(0.0, ReadRequest("a", kv, "colour")),
+                            (10.0, ReadRequest("b", kv, "colour"))])
+    assert {s.served_from for s in orch.log.stages} == {"exec"}
+    assert {s.reuse_name for s in orch.log.stages} == {""}
+
+
+def test_concurrent_equal_stages_join_instead_of_executing_twice():
+    kv = SharedKV({"colour": "blue"})
+    _, orch = run("c1", [(0.0, ReadRequest("a", kv, "colour")),
+                         (0.0, ReadRequest("b", kv, "colour"))])
+    assert served(orch, "b") == [("plan", "join"), ("lookup", "join"), ("answer", "join")]
+    assert orch.mechanism_stats["reuse"]["executed"] == 3
+
+
+def test_a_write_invalidates_what_read_the_old_version_and_what_was_rendered_from_it():
+    kv = SharedKV({"colour": "blue"})
+    records, orch = run("c1", [(0.0, ReadRequest("a", kv, "colour")),
+                               (10.0, WriteRequest("w", kv, "colour", "red")),
+                               (20.0, ReadRequest("b", kv, "colour"))])
+    # plan reads nothing and survives; lookup read the old version; answer was rendered from it
+    assert served(orch, "b") == [("plan", "cache"), ("lookup", "exec"), ("answer", "exec")]
+    write = next(s for s in orch.log.stages if s.stage == "store")
+    assert write.served_from == "exec" and write.writes == {RESOURCE: "1"}
+    # the answer's record inherits its upstream lookup's read-set, so the write reaches it
+    # directly (the provenance cascade covers upstreams the store no longer holds)
+    assert orch.mechanism_stats["reuse"]["invalidated"] == 2
+    answer_a = next(s for s in orch.log.stages if s.request_id == "a" and s.stage == "answer")
+    lookup_a = next(s for s in orch.log.stages if s.request_id == "a" and s.stage == "lookup")
+    assert lookup_a.read_set == {RESOURCE: "0"} and answer_a.reuse_name
+    b_lookup = next(s for s in orch.log.stages if s.request_id == "b" and s.stage == "lookup")
+    assert b_lookup.read_set == {RESOURCE: "1"}
+    assert unsafe_splices(orch.log.stages) == []
+
+
+def test_a_mutating_tool_call_is_never_served_from_a_record():
+    kv = SharedKV({"colour": "blue"})
+    _, orch = run("c1", [(0.0, WriteRequest("w1", kv, "colour", "red")),
+                         (5.0, WriteRequest("w2", kv, "colour", "red"))])
+    assert [s.served_from for s in orch.log.stages] == ["exec", "exec"]
+    assert kv.version == 2
+
+
+class _Failing(ReadRequest):
+    def tool(self, name):
+        tool = super().tool(name)
+
+        class Broken(type(tool)):
+            def call(self, fields):
+                raise ConnectionError("store unreachable")
+
+        broken = Broken(tool.kv)
+        return broken
+
+
+def test_a_failed_execution_releases_its_claim_and_joiners_execute_themselves():
+    kv = SharedKV({"colour": "blue"})
+    records, orch = run("c1", [(0.0, _Failing("a", kv, "colour")),
+                               (0.0, ReadRequest("b", kv, "colour"))])
+    assert records[0].status == "failed" and records[0].error_type == "ToolCallError"
+    assert records[1].status == "completed"
+    assert served(orch, "b")[1] == ("lookup", "exec")
+    stats = orch.mechanism_stats["reuse"]
+    assert stats["open_tickets"] == 0 and stats["store"]["in_flight"] == 0
+
+
+@pytest.mark.parametrize("capacity", [1])
+def test_a_store_too_small_to_hold_anything_still_serves_every_request(capacity):
+    kv = SharedKV({"colour": "blue"})
+    records, orch = run("c1", [(0.0, ReadRequest("a", kv, "colour")),
+                               (10.0, ReadRequest("b", kv, "colour"))], capacity=capacity)
+    assert [r.status for r in records] == ["completed", "completed"]
+    assert {s.served_from for s in orch.log.stages} == {"exec"}
+
+
+def test_the_splice_checker_flags_a_changed_value_and_a_stale_read_set():
+    from dynbranch.records import StageRecord
+
+    def row(**kw):
+        base = dict(request_id="r", stage="s", kind="tool", seq=0, coordinate=None,
+                    start=1.0, end=1.0, served_from="cache", output_digest="x",
+                    audit_digest="x", read_set={RESOURCE: "0"})
+        base.update(kw)
+        return StageRecord(**base)
+
+    write = row(served_from="exec", start=0.2, end=0.5, writes={RESOURCE: "1"}, read_set={})
+    safe_before = row(start=0.4)  # served before the write finished
+    stale = row(start=0.6)  # served after it, still reading version 0
+    changed = row(start=0.6, read_set={RESOURCE: "1"}, audit_digest="y")
+    fine = row(start=0.6, read_set={RESOURCE: "1"})
+    bad = unsafe_splices([write, safe_before, stale, changed, fine])
+    assert bad == [stale, changed]
