@@ -1,0 +1,250 @@
+"""Recurrence analyses (``workloads/analysis/recurrence.py``) and the entity ranker.
+
+Fixture tests use ``tests/fixtures/musique`` and SWE-agent files written into a temporary
+data directory; tests marked ``data`` read the shared data directory and skip, saying so,
+when it is absent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dynbranch.datasets import DATASETS, resolve_data_dir
+from dynbranch.errors import DataMissingError, MalformedRecordError
+from dynbranch.predictors import BranchContext, Predictor
+from dynbranch.predictors.entity import EntityRanker, RankerWeights, name_spans, rank_entities
+from dynbranch.workflow import BranchCoordinate
+from workloads.analysis.recurrence import (
+    Recurrence,
+    entity_ranker_top3,
+    react_retrieval_recurrence,
+    recurrence,
+    subagent_cross_run_recurrence,
+    subtopic_mention_curve,
+    swe_command_recurrence,
+)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "musique"
+
+
+@pytest.fixture(scope="module")
+def real_dir() -> Path:
+    found = resolve_data_dir(None)
+    if found is None or not (found / "musique").is_dir() or not (found / "swe_agent").is_dir():
+        pytest.skip("the shared data directory (musique, hotpotqa, swe_agent) is absent")
+    return found
+
+
+def test_recurrence_counts_repeats_and_recurring_units():
+    assert recurrence(["a", "b", "a", "c", "a", "b"]) == Recurrence(6, 3, 3, 0.5, 5, 5 / 6)
+    assert recurrence([]) == Recurrence(0, 0, 0, 0.0, 0, 0.0)
+    assert recurrence(["x"]) == Recurrence(1, 1, 0, 0.0, 0, 0.0)
+
+
+# -- on the fixture ---------------------------------------------------------------------------
+
+
+def test_react_retrieval_recurrence_on_the_fixture():
+    # 6 questions, 13 searches: "Mira Calloway" ×2, "Quillfeather Press" ×2, "Port Verity" ×3
+    row = react_retrieval_recurrence(FIXTURE, split="all")
+    assert (row["total"], row["distinct"], row["repeats"], row["recurring"]) == (13, 9, 4, 7)
+    assert row["repeat_share"] == pytest.approx(4 / 13) and row["paper"] == 0.12
+    test = react_retrieval_recurrence(FIXTURE)
+    assert (test["split"], test["requests"], test["total"], test["repeats"]) == ("test", 4, 9, 2)
+
+
+def test_subagent_cross_run_recurrence_on_the_fixture():
+    row = subagent_cross_run_recurrence(FIXTURE, n=4, split="all")
+    assert (row["subtasks_a"], row["subtasks_b"], row["found_in_a"]) == (10, 8, 4)
+    assert row["cross_run_share"] == 0.5 and row["paper"] == 0.26
+    assert [w["repeats"] for w in row["within_run"]] == [1, 0]
+    with pytest.raises(ValueError, match="2n <= 8"):
+        subagent_cross_run_recurrence(FIXTURE, n=5, split="all")
+
+
+def test_subtopic_mention_curve_on_the_fixture():
+    entity = subtopic_mention_curve(FIXTURE, ns=(2, 4, 8))
+    assert [(r["n"], r["total"], r["distinct"]) for r in entity] == [
+        (2, 4, 3),
+        (4, 10, 7),
+        (8, 18, 9),
+    ]
+    assert entity[-1]["repeat_share"] == 0.5 and entity[0]["unit"] == "entity"
+    subtopic = subtopic_mention_curve(FIXTURE, ns=(8,), unit="subtopic")
+    assert (subtopic[0]["distinct"], subtopic[0]["repeats"]) == (13, 5)
+    with pytest.raises(ValueError, match="outside 1..8"):
+        subtopic_mention_curve(FIXTURE, ns=(9,))
+    with pytest.raises(ValueError, match="unit"):
+        subtopic_mention_curve(FIXTURE, unit="word")
+
+
+def test_entity_ranker_coverage_on_the_fixture():
+    row = entity_ranker_top3(FIXTURE, split="all")
+    assert (row["branches"], row["covered"], row["coverage"]) == (7, 7, 1.0)
+    assert row["top1"] == pytest.approx(6 / 7) and row["by_hop"][2] == {
+        "branches": 1,
+        "coverage": 1.0,
+    }
+    narrow = entity_ranker_top3(FIXTURE, split="all", k=1)
+    assert narrow["coverage"] == pytest.approx(6 / 7)
+
+
+def _swe_dir(tmp_path: Path, commands: list[dict], demos: dict[str, dict]) -> Path:
+    where = tmp_path / "swe_agent"
+    for rel in DATASETS["swe_agent"].files:
+        path = where / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"trajectory": []}) if rel.endswith(".traj") else "")
+    (where / "mini_swe_agent_gemini3pro_verified_commands.jsonl").write_text(
+        "".join(json.dumps(c) + "\n" for c in commands)
+    )
+    for name, raw in demos.items():
+        path = next((where / "sweagent_demos").glob(f"{name}*.traj"))
+        path.write_text(json.dumps(raw))
+    return tmp_path
+
+
+def test_swe_command_recurrence_within_repository(tmp_path):
+    commands = [{"repo": "a/x", "command": c} for c in ("ls", "ls", "cat f", "ls", "cat  f\n")]
+    commands += [{"repo": "b/y", "command": c} for c in ("ls", None, "pytest")]
+    demos = {
+        "replay__marshmallow-code__marshmallow-1867__default__": {
+            "trajectory": [{"action": "ls -F\n"}, {"action": "open setup.py\n"}]
+        },
+        "replay__marshmallow-code__marshmallow-1867__function_calling__": {
+            "trajectory": [{"action": "ls -F"}, {"action": "python reproduce.py"}]
+        },
+        "gpt4__swe-bench-dev-easy": {"trajectory": [{"action": "ls"}]},
+        "function_calling_simple": {"history": []},
+    }
+    row = swe_command_recurrence(_swe_dir(tmp_path, commands, demos))
+    mini = row["mini_swe_agent"]
+    assert (mini["repositories"], mini["total"], mini["distinct"]) == (2, 7, 5)
+    assert (mini["repeats"], mini["recurring"]) == (2, 3)  # "ls" in b/y is another repository
+    assert mini["per_repository"]["a/x"]["recurring"] == 3
+    normalised = row["mini_swe_agent_normalised"]
+    assert (normalised["distinct"], normalised["recurring"]) == (4, 5)
+    demo = row["sweagent_demos"]
+    assert (demo["repositories"], demo["total"], demo["distinct"], demo["recurring"]) == (
+        2,
+        5,
+        4,
+        2,
+    )
+    assert set(demo["per_repository"]) == {"marshmallow-code/marshmallow", "pydicom/pydicom"}
+    assert row["paper"] == (0.42, 0.45)
+
+
+def test_swe_command_recurrence_rejects_bad_input(tmp_path):
+    root = _swe_dir(tmp_path, [{"repo": "a/x", "command": "ls"}], {})
+    path = root / "swe_agent" / "mini_swe_agent_gemini3pro_verified_commands.jsonl"
+    path.write_text('{"repo": "a/x", "command": "ls"}\n{oops\n')
+    with pytest.raises(MalformedRecordError, match="record line 2: not JSON"):
+        swe_command_recurrence(root)
+    path.write_text('{"repo": "a/x", "command": 3}\n')
+    with pytest.raises(MalformedRecordError, match="'command' is not text"):
+        swe_command_recurrence(root)
+    path.write_text('{"command": "ls"}\n')
+    with pytest.raises(MalformedRecordError, match="needs a string 'repo'"):
+        swe_command_recurrence(root)
+    path.write_text("")
+    demo = next((root / "swe_agent" / "sweagent_demos").glob("gpt4__swe-bench*.traj"))
+    demo.write_text(json.dumps({"trajectory": [{"thought": "no action"}]}))
+    with pytest.raises(MalformedRecordError, match="record step 0: no 'action' text"):
+        swe_command_recurrence(root)
+    with pytest.raises(DataMissingError, match="swe_agent"):
+        swe_command_recurrence(tmp_path / "nowhere")
+
+
+# -- the entity ranker ------------------------------------------------------------------------
+
+EVIDENCE = {
+    "question": "Who is the spouse of the performer of Lantern Song?",
+    "searched": ["Lantern Song"],
+    "passages": [
+        {
+            "title": "Lantern Song",
+            "text": "Lantern Song is the second studio album by the folk "
+            "singer Mira Calloway, released in 1998 on Quillfeather Records.",
+        },
+        {"title": "Lantern", "text": "A lantern is a portable source of lighting."},
+    ],
+}
+
+
+def test_name_spans():
+    spans = name_spans(
+        "In 1921 the poet Ansel Dunmore of Port Verity founded St. Louis Press; "
+        "The Band played in Finland's north."
+    )
+    maximal = [s for s, _, whole in spans if whole]
+    assert maximal == ["Ansel Dunmore of Port Verity", "St. Louis Press", "Band", "Finland"]
+    parts = {s for s, _, whole in spans if not whole}
+    assert {"Ansel Dunmore", "Port Verity", "St. Louis"} <= parts
+    assert ("Ansel Dunmore of Port Verity", 17, True) in spans
+    assert name_spans("The Glenn L. Martin Company built it.")[0][0] == "Glenn L. Martin Company"
+    assert name_spans("It was Natalie Wood and Edmund Gwenn.")[0][0] == "Natalie Wood"
+
+
+def test_rank_entities_prefers_the_bridge_and_skips_searched():
+    ranked = rank_entities(EVIDENCE, 3)
+    assert ranked == ["Mira Calloway", "Quillfeather Records", "Mira"]
+    assert "Lantern Song" not in rank_entities(EVIDENCE, 50)
+    assert rank_entities(EVIDENCE, 0) == [] and rank_entities({}, 3) == []
+    after = {**EVIDENCE, "searched": ["Lantern Song", "Mira Calloway"]}
+    assert rank_entities(after, 1) == ["Quillfeather Records"]
+
+
+def test_entity_ranker_is_a_predictor_over_evidence_only():
+    ranker = EntityRanker()
+    assert isinstance(ranker, Predictor) and ranker.name == "entity"
+    coordinate = BranchCoordinate("react", "think", 1)
+    a = ranker.rank(BranchContext("r1", coordinate, (), EVIDENCE), 3)
+    b = ranker.rank(BranchContext("r2", BranchCoordinate("react", "think", 3), (), EVIDENCE), 3)
+    assert a == b == rank_entities(EVIDENCE, 3)
+    ranker.observe(BranchContext("r1", coordinate, (), EVIDENCE), ("Mira Calloway",))
+    assert ranker.rank(BranchContext("r1", coordinate, (), EVIDENCE), 3) == a
+
+
+def test_ranker_weights_are_validated():
+    for bad in (
+        {"w_rank": 0.0},
+        {"char_scale": 0.0},
+        {"part_factor": 1.5},
+        {"title_bonus": -1.0},
+        {"page_bonus": 0.0},
+    ):
+        with pytest.raises(ValueError):
+            RankerWeights(**bad)
+    lamp = {**EVIDENCE, "passages": [*EVIDENCE["passages"], {"title": "Oil lamp", "text": "-"}]}
+    titled = rank_entities(lamp, 50, RankerWeights(title_bonus=10.0))
+    assert "Oil lamp" in titled and "Oil lamp" not in rank_entities(lamp, 50)  # titles count
+
+
+# -- the real data ----------------------------------------------------------------------------
+
+
+@pytest.mark.data
+def test_real_swe_commands_match_the_data_readme(real_dir):
+    row = swe_command_recurrence(real_dir)
+    mini = row["mini_swe_agent"]
+    assert (mini["repositories"], mini["total"]) == (12, 19479)
+    assert round(mini["recurring_share"], 3) == 0.316  # data/README.md's sanity check
+    assert row["sweagent_demos"]["total"] == 122
+
+
+@pytest.mark.data
+def test_real_recurrence_numbers(real_dir):
+    react = react_retrieval_recurrence(real_dir)
+    assert react["requests"] == 219 and 0.05 < react["repeat_share"] < 0.4
+    curve = subtopic_mention_curve(real_dir)
+    assert [r["n"] for r in curve] == [100, 200, 500, 1000, 2417] and curve[-1]["total"] == 6404
+    shares = [r["repeat_share"] for r in curve]
+    assert shares == sorted(shares) and 0.5 < shares[-1] < 0.75
+    cross = subagent_cross_run_recurrence(real_dir, n=200)
+    assert 0.1 < cross["cross_run_share"] < 0.5
+    ranker = entity_ranker_top3(real_dir)
+    assert ranker["branches"] == 308 and 0.25 < ranker["coverage"] <= ranker["in_passages"]

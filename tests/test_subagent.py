@@ -1,0 +1,295 @@
+"""The Sub-Agent workload: decompositions, the plan branch, concurrent sub-agents whose inputs
+hold only their sub-task, replay and scoring.
+
+Fixture tests (``tests/fixtures/musique``) always run; tests marked ``data`` read the shared
+data directory and skip, saying so, when it is absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from dynbranch.datasets import resolve_data_dir
+from dynbranch.errors import ConfigError, DataMissingError, MalformedRecordError
+from dynbranch.workflow import BranchCoordinate
+from dynbranch.workload import DataConfig, MeasuredCost
+from workloads import get_workload
+from workloads.analysis.trace import TraceContext, trace_all, trace_request
+from workloads.musique import load_decompositions, subtopic_entity
+from workloads.subagent import (
+    MAX_SUBTOPICS,
+    NO_SUBTOPIC,
+    PLAN_COORDINATE,
+    TEMPLATE,
+    SubAgentWorkload,
+    parse_plan,
+)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "musique"
+DATA = DataConfig(FIXTURE, Path("/nonexistent-cache"))
+
+
+def fixture_requests(split: str = "all", n: int | None = None, seed: int = 0, **options):
+    workload = SubAgentWorkload(tool_time="modelled", **options)
+    pool = workload.records(DATA, split)
+    return workload.requests(DATA, len(pool) if n is None else n, seed, split)
+
+
+def by_record(requests, record_id):
+    return next(r for r in requests if r.record.id == record_id)
+
+
+@pytest.fixture(scope="module")
+def real_dir() -> Path:
+    found = resolve_data_dir(None)
+    if found is None or not (found / "musique" / "dev_2417_decompositions.json").is_file():
+        pytest.skip("the shared data directory (musique, hotpotqa) is absent")
+    return found
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def test_fixture_decompositions_load():
+    workload = SubAgentWorkload()
+    records = workload.load(DATA).records
+    assert len(records) == 8 and {r.source for r in records} == {"dev2417"}
+    three = next(r for r in records if r.kind == "3hop2")
+    assert [s.subtopic for s in three.steps] == [
+        "Quillfeather Press >> founded by",
+        "Lantern Song >> performer",
+        "Mira Calloway >> were Ansel Dunmore and Mira Calloway born in the same city",
+    ]
+    assert three.steps[2].support_title == "Mira Calloway"  # from document_id "…_1"
+    assert {r.id for r in workload.records(DATA, "train")} == {
+        "2hop__1001_1002",
+        "2hop__1007_1008",
+        "2hop__1009_1002",
+    }
+    assert len(workload.records(DATA, "test")) == 5
+
+
+BROKEN = {
+    "document id": (
+        lambda r: r["question_decomposition"][0].update(document_id="Lantern Song"),
+        "step 1: document_id 'Lantern Song' is not '<title>_<n>'",
+    ),
+    "no document id": (
+        lambda r: r["question_decomposition"][1].pop("document_id"),
+        "step 2: missing field 'document_id'",
+    ),
+    "steps": (lambda r: r.update(question_decomposition="x"), "field 'question_decomposition'"),
+    "step": (lambda r: r["question_decomposition"].__setitem__(0, "x"), "step 1 is not an object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_decomposition_loader_names_file_record_and_problem(tmp_path, case):
+    change, message = BROKEN[case]
+    root = tmp_path / "data"
+    shutil.copytree(FIXTURE, root)
+    path = root / "musique" / "dev_2417_decompositions.json"
+    rows = json.loads(path.read_text())
+    change(rows[0])
+    path.write_text(json.dumps(rows))
+    with pytest.raises(MalformedRecordError) as err:
+        SubAgentWorkload().check_data(DataConfig(root, tmp_path))
+    assert err.value.path == str(path) and err.value.record == "2hop__1001_1002"
+    assert message in err.value.problem
+    path.write_text("not json")
+    with pytest.raises(MalformedRecordError, match="record file: not JSON"):
+        load_decompositions(path)
+
+
+def test_missing_data_is_a_clear_error(tmp_path):
+    with pytest.raises(DataMissingError, match="data set 'musique' not found"):
+        SubAgentWorkload().check_data(DataConfig(tmp_path, tmp_path))
+
+
+# -- the request program ----------------------------------------------------------------------
+
+
+def test_every_fixture_request_replays_to_the_gold_answer():
+    requests = fixture_requests()
+    for request, trace in zip(requests, trace_all(requests), strict=True):
+        outcome = trace.outcome
+        steps = request.record.steps
+        assert outcome.subtopics == [s.subtopic for s in steps]
+        assert outcome.findings == [s.answer for s in steps]
+        assert request.score(outcome) == 1.0 and request.f1(outcome) == 1.0
+        ((point, chosen),) = trace.branches
+        assert point.coordinate == PLAN_COORDINATE == BranchCoordinate("subagent", "plan", 0)
+        assert point.multi_valued and point.candidates == ()
+        assert dict(point.evidence) == {"question": request.record.question}
+        assert chosen == tuple(outcome.subtopics)  # every result is kept
+        assert [dict(r.fields)["query"] for r in trace.inputs("retrieve")] == [
+            s.entity for s in steps
+        ]
+
+
+def test_subagent_inputs_hold_only_the_subtask():
+    requests = fixture_requests()
+    traces = {r.record.id: trace_request(r) for r in requests}
+    for record_id, trace in traces.items():
+        question = by_record(requests, record_id).record.question
+        for rendered in trace.inputs("research"):
+            assert set(rendered.fields) == {"subtopic", "passages"}
+            assert question not in rendered.text
+    # the same sub-topic in two questions renders byte-identically
+    a = {r.fields["subtopic"]: r for r in traces["2hop__1001_1002"].inputs("research")}
+    b = {r.fields["subtopic"]: r for r in traces["2hop__1009_1002"].inputs("research")}
+    shared = "Mira Calloway >> spouse"
+    assert a[shared].text == b[shared].text and a[shared].input_digest == b[shared].input_digest
+    assert a["Lantern Song >> performer"].input_digest not in {r.input_digest for r in b.values()}
+
+
+def test_sub_agents_run_concurrently():
+    request = by_record(fixture_requests(), "3hop1__1004_1005_1006")
+    events = []
+
+    class Interleaved(TraceContext):
+        async def tool(self, stage, values):
+            events.append(("start", values["query"]))
+            await asyncio.sleep(0)
+            value = await super().tool(stage, values)
+            events.append(("end", values["query"]))
+            return value
+
+    asyncio.run(request.run(Interleaved(request)))
+    starts = [i for i, (kind, _) in enumerate(events) if kind == "start"]
+    ends = [i for i, (kind, _) in enumerate(events) if kind == "end"]
+    assert len(starts) == 3 and max(starts) < min(ends)  # all three started before any ended
+
+
+def test_replay_of_each_stage():
+    request = by_record(fixture_requests(), "2hop__1007_1008")
+    trace = trace_request(request)
+    (plan,) = trace.inputs("plan")
+    assert request.replay_text(plan) == (
+        "what is the capital of elandria\nPort Verity >> which river flows through Port Verity"
+    )
+    research = TEMPLATE.stage("research")
+    off = research.render(
+        {"subtopic": "Port Verity >> mayor", "passages": [{"title": "Port Verity", "text": "..."}]}
+    )
+    assert request.replay_text(off) == "Port Verity"  # plausible: the top passage's title
+    empty = research.render({"subtopic": "Nowhere >> mayor", "passages": []})
+    assert request.replay_text(empty) == "unknown"
+    synth = TEMPLATE.stage("synthesise").render(
+        request.synthesise_values(["a"], ["anything at all"])
+    )
+    assert request.replay_text(synth) == "the Silvermere River"
+    stranger = TEMPLATE.stage("plan").render({"question": "Who?"})
+    assert request.replay_text(stranger) is None
+    assert request.replay_text(TEMPLATE.stage("retrieve").render({"query": "x", "k": 3})) is None
+    assert request.replay_text(research.render({"subtopic": "x", "passages": "?"})) is None
+
+
+def test_parse_plan():
+    assert parse_plan(" - A >> b\n\n* C >> d\nA >> b\n<none>\n") == ["A >> b", "C >> d"]
+    many = "\n".join(f"E{i} >> x" for i in range(20))
+    assert len(parse_plan(many)) == MAX_SUBTOPICS
+    assert subtopic_entity("Mira Calloway >> spouse") == "Mira Calloway"
+    assert subtopic_entity("what is the capital of elandria") == "what is the capital of elandria"
+
+
+def test_an_empty_plan_resolves_and_synthesises():
+    request = by_record(fixture_requests(), "2hop__1001_1002")
+
+    class Silent(TraceContext):
+        async def llm(self, stage, values):
+            text = await super().llm(stage, values)
+            return "" if stage == "plan" else text
+
+    ctx = Silent(request)
+    outcome = asyncio.run(request.run(ctx))
+    assert outcome.subtopics == [] and ctx.trace.branches[0][1] == (NO_SUBTOPIC,)
+    assert request.score(outcome) == 1.0  # the replayed synthesis still answers gold
+
+
+def test_fill_values_match_the_canonical_inputs():
+    request = by_record(fixture_requests(), "2hop__1003_1002")
+    fills = {}
+
+    class Spy(TraceContext):
+        def branch(self, point):
+            for s in request.record.steps:
+                fills[s.subtopic] = request.fill_values(point.coordinate, s.subtopic)
+            assert request.fill_values(point.coordinate, NO_SUBTOPIC) is None
+            assert request.fill_values(BranchCoordinate("subagent", "plan", 1), "x") is None
+            return super().branch(point)
+
+    ctx = Spy(request)
+    asyncio.run(request.run(ctx))
+    retrieves = {r.fields["query"]: r.input_digest for r in ctx.trace.inputs("retrieve")}
+    for fill in fills.values():
+        assert TEMPLATE.stage("retrieve").render(fill).input_digest == retrieves[fill["query"]]
+    research = {r.fields["subtopic"]: r.input_digest for r in ctx.trace.inputs("research")}
+    for subtopic, fill in fills.items():
+        passages = request.tool("retrieve").call(fill).value
+        values = request.research_values(subtopic, passages)
+        assert TEMPLATE.stage("research").render(values).input_digest == research[subtopic]
+    assert request.fill_values(PLAN_COORDINATE, "Mira Calloway >> spouse") is None  # closed
+
+
+def test_speculate_runs_whole_sub_agents_ahead():
+    request = by_record(fixture_requests(), "3hop2__1010_1011_1012")
+    fill = TraceContext(request)
+
+    class Early(TraceContext):
+        @asynccontextmanager
+        async def branch(self, point):
+            for step in request.record.steps:
+                await request.speculate(fill, point, step.subtopic)
+            await request.speculate(fill, point, NO_SUBTOPIC)  # nothing to fill
+            async with super().branch(point) as scope:
+                yield scope
+
+    ctx = Early(request)
+    asyncio.run(request.run(ctx))
+    for stage in ("retrieve", "research"):
+        canonical = sorted(r.input_digest for r in ctx.trace.inputs(stage))
+        assert sorted(r.input_digest for r in fill.trace.inputs(stage)) == canonical
+    assert fill.trace.inputs("plan") == [] and fill.trace.inputs("synthesise") == []
+    asyncio.run(request.speculate(fill, ctx.trace.branches[0][0], "X >> y"))  # closed
+    assert len(fill.trace.inputs("research")) == 3
+
+
+def test_options_and_registry():
+    with pytest.raises(ConfigError, match="tool_time"):
+        SubAgentWorkload(tool_time="guessed")
+    with pytest.raises(ConfigError, match="top_k"):
+        SubAgentWorkload(top_k=21)
+    with pytest.raises(ConfigError, match="split"):
+        SubAgentWorkload().records(DATA, "dev")
+    workload = get_workload("subagent", tool_time="modelled")
+    assert isinstance(workload, SubAgentWorkload)
+    request = SubAgentWorkload().requests(DATA, 1, 0)[0]
+    assert isinstance(request.tool("retrieve").cost, MeasuredCost)
+    with pytest.raises(KeyError, match="one tool"):
+        request.tool("search")
+    ids = [r.request_id for r in fixture_requests("test", 7, seed=1)]
+    assert ids == [r.request_id for r in fixture_requests("test", 7, seed=1)]
+    assert ids[0].startswith("subagent-00000-")
+
+
+# -- the real data ----------------------------------------------------------------------------
+
+
+@pytest.mark.data
+def test_real_decompositions_split_and_replay(real_dir):
+    workload = SubAgentWorkload(tool_time="modelled")
+    data = DataConfig(real_dir, Path("/nonexistent-cache"))
+    assert len(workload.load(data).records) == 2417
+    assert len(workload.records(data, "train")) == 583
+    assert len(workload.records(data, "test")) == 1834
+    requests = workload.requests(data, 2417, 0, "all")
+    traces = trace_all(requests)
+    assert all(r.score(t.outcome) == 1.0 for r, t in zip(requests, traces, strict=True))
+    assert sum(len(t.outcome.subtopics) for t in traces) == 6404

@@ -1,0 +1,6 @@
+"""Analyses over workload data that feed the paper's figures (no plotting here).
+
+:mod:`~workloads.analysis.trace` runs request programs without engines and keeps what they
+render; :mod:`~workloads.analysis.recurrence` measures recurrence (Fig. 5a) and the entity
+ranker's coverage.
+"""

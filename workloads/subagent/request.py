@@ -1,0 +1,177 @@
+"""One Sub-Agent request: plan, concurrent sub-agents, synthesis; its replay and its score.
+
+Replay (:meth:`SubAgentRequest.replay_text`) is a pure function of the rendered input:
+
+* ``plan`` for the record's question answers its decomposition's sub-topics, one per line
+  (:attr:`workloads.musique.Step.subtopic`). Bridge entities appear as the answers they
+  stand for — the trace's resolution of them — so every sub-agent can start at once; the
+  replayed planner is an oracle over the decomposition, not a model that has to wait.
+* ``research`` for one of the record's sub-topics answers that step's gold answer, whatever
+  the passages (MuSiQue records the answer, not the reading); for a sub-topic off the
+  recorded plan (a fill for a wrong prediction), a deterministic plausible finding: the
+  title of the top passage, or ``unknown`` when nothing was retrieved.
+* ``synthesise`` for the record's question answers the gold answer, whatever the findings.
+
+Sub-topics recur across requests (MuSiQue composes questions from shared single-hop
+questions). A sub-topic that two records answer differently replays each record's own
+answer; cross-request reuse then serves the first one executed, as a deterministic model
+would, and the synthesis still answers gold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
+from dynbranch.workload import RequestInstance, StageContext, Tool
+from workloads.musique import MusiqueRecord, exact_match, f1_score, subtopic_entity
+from workloads.react.retrieval import TOOL_NAME, RetrieveTool, passage_values
+from workloads.subagent.template import NO_SUBTOPIC, TEMPLATE, WORKFLOW
+
+# NOTE: MuSiQue decompositions have at most 4 steps; the bound only stops a model that lists
+# many more sub-topics from fanning out without limit.
+MAX_SUBTOPICS = 8
+UNKNOWN_FINDING = "unknown"
+PLAN_COORDINATE = BranchCoordinate(WORKFLOW, "plan", 0)
+
+
+def parse_plan(text: str) -> list[str]:
+    """The sub-topics in a ``plan`` output: non-empty lines, list markers stripped, first
+    occurrence of each kept, at most :data:`MAX_SUBTOPICS`."""
+    subtopics: list[str] = []
+    for line in text.splitlines():
+        line = line.strip().lstrip("-*• ").strip()
+        if line and line not in subtopics and line != NO_SUBTOPIC:
+            subtopics.append(line)
+    return subtopics[:MAX_SUBTOPICS]
+
+
+@dataclass
+class SubAgentOutcome:
+    """What :meth:`SubAgentRequest.run` returns and :meth:`SubAgentRequest.score` reads."""
+
+    record_id: str
+    kind: str
+    subtopics: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    answer: str | None = None
+
+
+class SubAgentRequest(RequestInstance):
+    """A request built from one MuSiQue decomposition, with its own ``retrieve`` tool object."""
+
+    template = TEMPLATE
+
+    def __init__(
+        self, request_id: str, record: MusiqueRecord, tool: RetrieveTool, top_k: int = 3
+    ) -> None:
+        self.request_id, self.record, self._tool, self.top_k = request_id, record, tool, top_k
+        self._answers: dict[str, str] = {}
+        for step in record.steps:
+            self._answers.setdefault(step.subtopic, step.answer)
+        self._planning = False
+
+    # -- control flow -------------------------------------------------------------------------
+
+    async def run(self, ctx: StageContext) -> SubAgentOutcome:
+        outcome = SubAgentOutcome(self.record.id, self.record.kind)
+        point = BranchPoint(
+            PLAN_COORDINATE, (), multi_valued=True, evidence={"question": self.record.question}
+        )
+        self._planning = True
+        try:
+            async with ctx.branch(point) as branch:
+                plan = await ctx.llm("plan", {"question": self.record.question})
+                outcome.subtopics = parse_plan(plan)
+                branch.resolve(*(outcome.subtopics or (NO_SUBTOPIC,)))
+        finally:
+            self._planning = False
+        outcome.findings = list(
+            await asyncio.gather(*(self._subagent(ctx, s) for s in outcome.subtopics))
+        )
+        values = self.synthesise_values(outcome.subtopics, outcome.findings)
+        outcome.answer = (await ctx.llm("synthesise", values)).strip()
+        return outcome
+
+    async def _subagent(self, ctx: StageContext, subtopic: str) -> str:
+        passages = await ctx.tool("retrieve", self.retrieve_values(subtopic))
+        finding = await ctx.llm("research", self.research_values(subtopic, passages))
+        return finding.strip()
+
+    def retrieve_values(self, subtopic: str) -> dict[str, Any]:
+        """The sub-agent's ``retrieve`` input: the sub-topic's entity and k."""
+        return {"query": subtopic_entity(subtopic), "k": self.top_k}
+
+    def research_values(
+        self, subtopic: str, passages: Sequence[Mapping[str, Any]]
+    ) -> dict[str, Any]:
+        """The sub-agent's ``research`` input: the sub-topic and its passages only."""
+        return {"subtopic": subtopic, "passages": passage_values(passages)}
+
+    def synthesise_values(
+        self, subtopics: Sequence[str], findings: Sequence[str]
+    ) -> dict[str, Any]:
+        return {
+            "question": self.record.question,
+            "findings": [
+                {"subtopic": s, "finding": f} for s, f in zip(subtopics, findings, strict=True)
+            ],
+        }
+
+    async def speculate(self, ctx: StageContext, point: BranchPoint, candidate: str) -> None:
+        """C2's fill of a whole sub-agent (the ``subagent`` subgraph) for the predicted
+        sub-topic ``candidate`` while the plan branch is open; its inputs render exactly as
+        :meth:`run` renders them if the plan names ``candidate``."""
+        if self.fill_values(point.coordinate, candidate) is None:
+            return
+        await self._subagent(ctx, candidate)
+
+    def fill_values(self, coordinate: BranchCoordinate, candidate: str) -> dict[str, Any] | None:
+        """The ``retrieve`` values a fill of sub-topic ``candidate`` renders while the plan
+        branch is open (the research input follows from its passages with
+        :meth:`research_values`); ``None`` otherwise."""
+        if coordinate != PLAN_COORDINATE or not self._planning:
+            return None
+        if not candidate.strip() or candidate == NO_SUBTOPIC:
+            return None
+        return self.retrieve_values(candidate)
+
+    def tool(self, name: str) -> Tool:
+        if name != TOOL_NAME:
+            raise KeyError(f"subagent requests have one tool, {TOOL_NAME!r}; asked for {name!r}")
+        return self._tool
+
+    # -- replay -------------------------------------------------------------------------------
+
+    def replay_text(self, rendered: RenderedInput) -> str | None:
+        fields = rendered.fields
+        try:
+            if rendered.stage in ("plan", "synthesise"):
+                if fields["question"] != self.record.question:
+                    return None
+                if rendered.stage == "plan":
+                    return "\n".join(dict.fromkeys(s.subtopic for s in self.record.steps))
+                return self.record.answer
+            if rendered.stage == "research":
+                return self._replay_research(fields["subtopic"], fields["passages"])
+        except (KeyError, TypeError, IndexError):
+            return None  # an input of a shape the trace never produced
+        return None
+
+    def _replay_research(self, subtopic: str, passages: Sequence[Mapping[str, Any]]) -> str:
+        if subtopic in self._answers:
+            return self._answers[subtopic]
+        return str(passages[0]["title"]) if passages else UNKNOWN_FINDING
+
+    # -- scoring ------------------------------------------------------------------------------
+
+    def score(self, outcome: SubAgentOutcome) -> float:
+        """Exact match of the synthesised answer against the gold answer and its aliases."""
+        return exact_match(outcome.answer, self.record.answers)
+
+    def f1(self, outcome: SubAgentOutcome) -> float:
+        """Token F1 of the synthesised answer (the best over the gold answer and aliases)."""
+        return f1_score(outcome.answer, self.record.answers)

@@ -1,0 +1,110 @@
+"""The Sub-Agent workload: MuSiQue's 2,417 dev decompositions as research requests.
+
+Questions: ``musique/dev_2417_decompositions.json`` in file order. Split by question id
+(:func:`workloads.musique.split_of`, the same rule and therefore the same side for the 200
+questions ReAct shares): runs are measured on ``test``; anything tuned reads ``train`` only.
+Sub-agents retrieve from the same combined corpus as ReAct (only the 200 dev questions of
+``dev_200_full.jsonl`` have their paragraphs in it; the others read distractors — their
+findings are replayed from the record either way).
+
+Drawing: :meth:`SubAgentWorkload.requests` permutes the split's records with
+``random.Random(seed)``, re-shuffling for every further cycle when ``n`` exceeds the pool.
+Request ids are ``subagent-{index:05d}-{question id}``. Loading validates every record and
+the corpus and builds the index before any request runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dynbranch.datasets import require_dataset
+from dynbranch.errors import ConfigError, DataError
+from dynbranch.workload import DataConfig, Workload
+from workloads.musique import (
+    DEV_DECOMPOSITIONS,
+    MusiqueRecord,
+    draw,
+    in_split,
+    load_decompositions,
+)
+from workloads.react.retrieval import (
+    MAX_K,
+    TOOL_TIMES,
+    Bm25Index,
+    RetrieveTool,
+    index_for,
+    load_corpus,
+)
+from workloads.subagent.request import SubAgentRequest
+from workloads.subagent.template import TEMPLATE
+
+SPLITS = ("train", "test")
+DEFAULT_TOP_K = 3
+
+
+@dataclass(frozen=True)
+class SubAgentData:
+    """The validated decompositions of one data directory and the corpus index."""
+
+    records: tuple[MusiqueRecord, ...]
+    index: Bm25Index
+
+
+def load_subagent_questions(data_dir: Path | None) -> tuple[MusiqueRecord, ...]:
+    """The 2,417 dev decompositions, validated."""
+    return load_decompositions(require_dataset(data_dir, "musique") / DEV_DECOMPOSITIONS)
+
+
+class SubAgentWorkload(Workload):
+    """Sub-Agent research over MuSiQue. Options as :class:`~workloads.react.ReActWorkload`:
+    ``tool_time`` (``measured`` by default, or ``modelled``) and ``top_k``."""
+
+    name = "subagent"
+    template = TEMPLATE
+
+    def __init__(self, tool_time: str = "measured", top_k: int = DEFAULT_TOP_K) -> None:
+        if tool_time not in TOOL_TIMES:
+            raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
+        if not 1 <= top_k <= MAX_K:
+            raise ConfigError(f"top_k {top_k} must be in [1, {MAX_K}]")
+        self.tool_time, self.top_k = tool_time, top_k
+        self._loaded: dict[Path | None, SubAgentData] = {}
+
+    def load(self, data: DataConfig) -> SubAgentData:
+        """Decompositions and index of ``data.data_dir`` (validated once, then kept)."""
+        if data.data_dir not in self._loaded:
+            records = load_subagent_questions(data.data_dir)
+            self._loaded[data.data_dir] = SubAgentData(
+                records, index_for(load_corpus(data.data_dir))
+            )
+        return self._loaded[data.data_dir]
+
+    def check_data(self, data: DataConfig) -> None:
+        self.load(data)
+
+    def records(self, data: DataConfig, split: str) -> list[MusiqueRecord]:
+        """The records of one split in file order (``all`` for both)."""
+        if split not in (*SPLITS, "all"):
+            raise ConfigError(f"split {split!r}: choose from {list(SPLITS)}")
+        return in_split(self.load(data).records, split)
+
+    def requests(
+        self, data: DataConfig, n: int, seed: int, split: str = "test"
+    ) -> Sequence[SubAgentRequest]:
+        if n < 0:
+            raise ConfigError(f"requests: n={n} must be >= 0")
+        loaded = self.load(data)
+        pool = self.records(data, split)
+        if not pool and n:
+            raise DataError(f"subagent: the {split} split of {data.data_dir} has no questions")
+        return [
+            SubAgentRequest(
+                f"subagent-{i:05d}-{r.id}",
+                r,
+                RetrieveTool(loaded.index, self.tool_time),
+                self.top_k,
+            )
+            for i, r in enumerate(draw(pool, n, seed))
+        ]
