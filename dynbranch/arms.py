@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dynbranch.errors import NotBuiltError, UnknownNameError
 from dynbranch.hooks import BranchHook, NoReuse, NoSpeculation, ReuseHook, RunContext
-from dynbranch.placement import LeastOutstanding, PlacementPolicy
+from dynbranch.placement import PlacementPolicy, SessionAffinity
 
 
 @dataclass(frozen=True)
@@ -22,26 +22,46 @@ class Arm:
     name: str
     description: str
     make_reuse: Callable[[RunContext], ReuseHook]
-    make_branch: Callable[[RunContext], BranchHook]
+    make_branch: Callable[[RunContext, ReuseHook], BranchHook]
     make_placement: Callable[[], PlacementPolicy]
 
 
-def _c1_reuse(run: RunContext) -> ReuseHook:
+def _store_hook(run: RunContext, **options) -> ReuseHook:
     from dynbranch.reuse.hook import StoreReuseHook
 
     if run.make_store is None:
-        raise ValueError("the c1 arm needs a store; the backend provides none")
-    return StoreReuseHook(run.make_store(), run)
+        raise ValueError(f"the {run.arm} arm needs a store; the backend provides none")
+    return StoreReuseHook(run.make_store(), run, **options)
+
+
+def _c1_reuse(run: RunContext) -> ReuseHook:
+    return _store_hook(run)
+
+
+def _c2_reuse(run: RunContext) -> ReuseHook:
+    return _store_hook(run, cross_request=False)
+
+
+def _speculator(run: RunContext, reuse: ReuseHook) -> BranchHook:
+    from dynbranch.predictors import make_predictor
+    from dynbranch.speculation import Speculator, TopK
+
+    predictor = make_predictor(run.options.get("predictor", "frequency"))
+    return Speculator(run, predictor, TopK(int(run.options.get("fanout", 2))))
 
 
 BUILT: dict[str, Arm] = {
     "floor": Arm("floor", "no cross-request reuse, no speculation (the reference)",
-                 NoReuse, NoSpeculation, LeastOutstanding),
+                 NoReuse, NoSpeculation, SessionAffinity),
     "c1": Arm("c1", "cross-request exact subgraph reuse with read-set freshness, no fills",
-              _c1_reuse, NoSpeculation, LeastOutstanding),
+              _c1_reuse, NoSpeculation, SessionAffinity),
+    "c2": Arm("c2", "early fill of predicted candidates, promoted within the request only",
+              _c2_reuse, _speculator, SessionAffinity),
+    "full": Arm("full", "C1 reuse and C2 early fill together", _c1_reuse, _speculator,
+                SessionAffinity),
 }
 
-PLANNED = ("c2", "full", "instcache", "helium", "parrot", "dsp", "spagent")
+PLANNED = ("instcache", "helium", "parrot", "dsp", "spagent")
 
 
 def get_arm(name: str) -> Arm:

@@ -47,6 +47,8 @@ class ReplayConfig:
     cv: float = 1.0
     split: str = "test"
     tool_time: str = "modelled"
+    depth: int = 2
+    predictor: str | None = None
     store_mb: int = 1024
     eviction: str = "lru"
     tenant: str = "default"
@@ -143,7 +145,7 @@ def run_replay(prepared: Prepared, backend: Backend | None = None) -> ReplayResu
     with Stopwatch() as wall:
         records, orch = clock.run(_replay(prepared, backend))
     run = {**cfg.settings(), "wall_s": wall.elapsed_s, "backend": backend.name}
-    summary = summarize(run, records, orch.log.stages, fills=orch.branch_hook.stats(),
+    summary = summarize(run, records, orch.log.stages, fills=orch.fills.stats(),
                         mechanisms=orch.mechanism_stats)
     write_results(cfg.out, summary, records, orch.log.stages, orch.log.branches)
     if cfg.progress:
@@ -158,7 +160,9 @@ async def _replay(prepared: Prepared, backend: Backend
         cfg = prepared.config
         run = RunContext(
             clock=prepared.clock, arm=prepared.arm.name, tenant=cfg.tenant,
-            models=backend.models(), options={"fanout": cfg.fanout},
+            models=backend.models(),
+            options={"fanout": cfg.fanout, "depth": cfg.depth,
+                     "predictor": cfg.predictor or prepared.workload.predictor},
             make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction))
         orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
         records = await _launch_all(prepared, orch)

@@ -48,6 +48,14 @@ class MalformedProfileError(ConfigError):
         super().__init__(f"{path}: field {field}: {problem}")
 
 
+class ModelNotFoundError(ConfigError):
+    """A local model directory (config, weights, tokenizer) that is not where it was looked for."""
+
+    def __init__(self, path: str, how: str):
+        self.path, self.how = path, how
+        super().__init__(f"no model at {path} (no config.json there). {how}")
+
+
 class DataError(DynBranchError):
     """Workload data that is missing or cannot be read."""
 
@@ -174,3 +182,8 @@ class CorruptRecordError(ReuseError):
 
 class TicketError(ReuseError):
     """An in-flight ticket finished twice, or finished with another name's record."""
+
+
+class NotSpeculable(DynBranchError):
+    """A fill reached a stage it may not run speculatively (not speculable, or a call with
+    external effects, or past its depth); the fill stops there, the request is unaffected."""

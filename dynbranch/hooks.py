@@ -113,16 +113,34 @@ class ReuseHook:
         return self.stats()
 
 
+class BranchSession:
+    """An open branch as C2 sees it: who opened it, what it is, and how to start fills.
+
+    The orchestrator makes one per branch entry. ``start_fill`` runs the request's
+    :meth:`~dynbranch.workload.RequestInstance.speculate` for a candidate as a fill (an
+    asyncio task whose stages run at speculative priority and leave shadows); ``loads``
+    reads every engine's load snapshot; ``now`` is the run clock.
+    """
+
+    def __init__(self, request_id: str, point: BranchPoint, *,
+                 start_fill: Callable[..., Any], discard: Callable[[Any], Any],
+                 loads: Callable[[], Any], now: Callable[[], float],
+                 fillable: Callable[[str], bool] = lambda _c: True) -> None:
+        self.request_id, self.point, self.fillable = request_id, point, fillable
+        self.start_fill, self.discard, self.loads, self.now = start_fill, discard, loads, now
+        self.opened_at = now()
+        self.fills: list[Any] = []
+
+
 class BranchHook:
     """C2's entry points. The default starts no fills."""
 
     name = "none"
 
-    async def opened(self, request_id: str, point: BranchPoint) -> None:
+    async def opened(self, session: BranchSession) -> None:
         """The workflow opened a branch and is now deciding it."""
 
-    async def resolved(self, request_id: str, point: BranchPoint,
-                       chosen: tuple[str, ...]) -> None:
+    async def resolved(self, session: BranchSession, chosen: tuple[str, ...]) -> None:
         """The branch resolved to ``chosen``."""
 
     async def request_done(self, request_id: str) -> None:
@@ -138,6 +156,6 @@ def NoReuse(run: RunContext) -> ReuseHook:  # noqa: N802 - a factory named like 
     return ReuseHook()
 
 
-def NoSpeculation(run: RunContext) -> BranchHook:  # noqa: N802
+def NoSpeculation(run: RunContext, reuse: ReuseHook) -> BranchHook:  # noqa: N802
     """The floor's branch hook: no fills."""
     return BranchHook()

@@ -12,17 +12,24 @@ backend.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from dynbranch.arms import Arm
 from dynbranch.backend import EngineClient
 from dynbranch.canonical import value_digest
 from dynbranch.clock import Clock
-from dynbranch.engines.protocol import CANONICAL, GenerateRequest, GenerateResult
+from dynbranch.engines.protocol import (
+    CANONICAL,
+    GenerateRequest,
+    GenerateResult,
+    LoadSnapshot,
+)
 from dynbranch.errors import DynBranchError, RenderError, StageError, ToolCallError
-from dynbranch.hooks import RunContext, Served, StageCall, StageOutcome
+from dynbranch.fills import FillRunner
+from dynbranch.hooks import BranchSession, RunContext, Served, StageCall, StageOutcome
 from dynbranch.placement import PlacementPolicy
 from dynbranch.records import BranchRecord, RequestRecord, StageRecord
 from dynbranch.workflow import BranchPoint, StageSpec, as_text
@@ -33,10 +40,10 @@ class EnginePool:
     """The engines of each model role, with the open-call counts placement decides on."""
 
     def __init__(self, clients: Mapping[str, Sequence[EngineClient]],
-                 placement: PlacementPolicy) -> None:
+                 placement: Callable[[], PlacementPolicy]) -> None:
         self._clients = {role: list(cs) for role, cs in clients.items()}
         self._open = {role: [0] * len(cs) for role, cs in self._clients.items()}
-        self._placement = placement
+        self._placement = {role: placement() for role in self._clients}
 
     def roles(self) -> list[str]:
         return list(self._clients)
@@ -47,12 +54,22 @@ class EnginePool:
         clients = self._clients.get(role)
         if not clients:
             raise KeyError(f"no engines for model role {role!r}; roles: {self.roles()}")
-        i = self._placement.choose(self._open[role], request)
+        i = self._placement[role].choose(self._open[role], request)
         self._open[role][i] += 1
         try:
             return clients[i], await clients[i].generate(request)
+        except asyncio.CancelledError:
+            # NOTE: a cancelled caller (a losing fill) must not leave the call running on a
+            # remote engine; in-process engines abort on cancellation already (no-op then).
+            await asyncio.shield(clients[i].abort(request.request_id))
+            raise
         finally:
             self._open[role][i] -= 1
+
+    async def loads(self) -> list[LoadSnapshot]:
+        """Every engine's load snapshot."""
+        return list(await asyncio.gather(
+            *(c.load() for clients in self._clients.values() for c in clients)))
 
 
 class RunLog:
@@ -71,17 +88,19 @@ class Orchestrator:
         self.run = run or RunContext(clock=clock, arm=arm.name)
         self.clock, self.arm, self.tenant = clock, arm, self.run.tenant
         self.audit = audit  # re-execute every served stage out of band (the splice checker)
-        self.pool = EnginePool(clients, arm.make_placement())
+        self.pool = EnginePool(clients, arm.make_placement)
         self.reuse = arm.make_reuse(self.run)
-        self.branch_hook = arm.make_branch(self.run)
+        self.branch_hook = arm.make_branch(self.run, self.reuse)
         self.log = RunLog()
+        self.fills = FillRunner(self)
         self.mechanism_stats: dict[str, Any] = {}
         self._t0: float | None = None
 
     async def finish_run(self) -> dict[str, Any]:
         """Collect the mechanisms' counters and holdings (call before engines shut down)."""
         self.mechanism_stats = {"reuse": await self.reuse.snapshot(),
-                                "speculation": self.branch_hook.stats()}
+                                "speculation": {**self.branch_hook.stats(),
+                                                "fills": self.fills.stats()}}
         return self.mechanism_stats
 
     def start_run(self) -> float:
@@ -107,6 +126,7 @@ class Orchestrator:
         except Exception as e:  # a workload bug must fail its request, not the run
             status, etype, emsg = "failed", type(e).__name__, f"unexpected: {e!r}"
         finally:
+            await self.fills.request_done(instance.request_id)
             await self.branch_hook.request_done(instance.request_id)
         origin = ctx.last_human_end if instance.latency_origin == "last_human" else None
         return RequestRecord(
@@ -132,7 +152,7 @@ class RequestContext:
     """The :class:`~dynbranch.workload.StageContext` of one request."""
 
     def __init__(self, orch: Orchestrator, instance: RequestInstance) -> None:
-        self._o, self._inst = orch, instance
+        self._o, self.instance = orch, instance
         self.request_id = instance.request_id
         self.stages_run = self.prompt_tokens = self.output_tokens = self._calls = 0
         self.last_human_end: float | None = None
@@ -142,7 +162,7 @@ class RequestContext:
     # -- stages ---------------------------------------------------------------------------
 
     async def llm(self, stage: str, values: Mapping[str, Any]) -> str:
-        call = self._prepare(stage, "llm", values)
+        call = self.prepare(stage, "llm", values)
         start = self._o.rel()
         served = await self._o.reuse.lookup(call)
         if served is not None:
@@ -152,7 +172,7 @@ class RequestContext:
         request = GenerateRequest(
             request_id=f"{self.request_id}/{self._calls}/{stage}", prompt=call.rendered.text,
             max_tokens=spec.sampling.max_tokens,
-            replay_text=self._inst.replay_text(call.rendered), priority=CANONICAL,
+            replay_text=self.instance.replay_text(call.rendered), priority=CANONICAL,
             temperature=spec.sampling.temperature, top_p=spec.sampling.top_p,
             seed=spec.sampling.seed, cache_salt=self._o.tenant)
         try:
@@ -173,12 +193,12 @@ class RequestContext:
         return result.text
 
     async def tool(self, stage: str, values: Mapping[str, Any]) -> Any:
-        call = self._prepare(stage, "tool", values)
+        call = self.prepare(stage, "tool", values)
         start = self._o.rel()
         served = await self._o.reuse.lookup(call)
         if served is not None:
             return self._log_served(call, served, start)
-        tool = self._inst.tool(call.stage.tool)
+        tool = self.instance.tool(call.stage.tool)
         try:
             result, measured = self._call_tool(call, tool, start)
             await self._o.clock.charge(measured, tool.cost.charge_s(measured))
@@ -205,7 +225,7 @@ class RequestContext:
         return result, sw.elapsed_s
 
     async def human(self, stage: str, values: Mapping[str, Any], think_s: float) -> None:
-        call = self._prepare(stage, "human", values)
+        call = self.prepare(stage, "human", values)
         start = self._o.rel()
         await self._o.clock.sleep(think_s)
         self.last_human_end = self._record(call, start, engine="human").end
@@ -217,7 +237,12 @@ class RequestContext:
         record = BranchRecord(self.request_id, str(point.coordinate), list(point.candidates),
                               [], self._o.rel(), None)
         self._o.log.branches.append(record)
-        await self._o.branch_hook.opened(self.request_id, point)
+        session = BranchSession(
+            self.request_id, point, now=self._o.clock.now, loads=self._o.pool.loads,
+            discard=self._o.fills.discard,
+            fillable=lambda candidate: self.instance.fillable(point, candidate),
+            start_fill=lambda candidate, **kw: self._o.fills.start(self, point, candidate, **kw))
+        await self._o.branch_hook.opened(session)
         scope = _Branch()
         # NOTE: stages decided inside the body and those that follow it carry this coordinate
         # until the next branch opens.
@@ -227,12 +252,13 @@ class RequestContext:
             raise StageError(self.request_id, point.coordinate.stage,
                              f"branch {point.coordinate} closed without resolving")
         record.chosen, record.resolved_at = list(scope.chosen), self._o.rel()
-        await self._o.branch_hook.resolved(self.request_id, point, scope.chosen)
+        await self._o.branch_hook.resolved(session, scope.chosen)
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _prepare(self, stage: str, kind: str, values: Mapping[str, Any]) -> StageCall:
-        template = self._inst.template
+    def prepare(self, stage: str, kind: str, values: Mapping[str, Any]) -> StageCall:
+        """Render a stage of this request into a :class:`StageCall` (typed errors on misuse)."""
+        template = self.instance.template
         try:
             spec = template.stage(stage)
         except KeyError as e:
@@ -257,10 +283,10 @@ class RequestContext:
         been served) is called again on the request's own state as it is now.
         """
         if call.stage.kind == "llm":
-            text = self._inst.replay_text(call.rendered)
+            text = self.instance.replay_text(call.rendered)
             return value_digest(text) if text is not None else ""
         try:
-            value = self._inst.tool(call.stage.tool).call(call.rendered.fields).value
+            value = self.instance.tool(call.stage.tool).call(call.rendered.fields).value
         except Exception as e:
             return value_digest(f"audit raised {type(e).__name__}: {e}")
         return value_digest(value)
@@ -269,7 +295,7 @@ class RequestContext:
         if not spec.speculable:
             return False
         if spec.kind == "tool":
-            return self._inst.tool(spec.tool).is_read_only(fields)
+            return self.instance.tool(spec.tool).is_read_only(fields)
         return spec.kind == "llm"
 
     def _lineage_of(self, text: str) -> tuple[tuple[str, ...], dict[str, str]]:

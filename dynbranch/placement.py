@@ -8,9 +8,10 @@ policy by name; cache-aware arms add their own.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Sequence
 
-from dynbranch.engines.protocol import GenerateRequest
+from dynbranch.engines.protocol import CANONICAL, GenerateRequest
 
 
 class PlacementPolicy(ABC):
@@ -30,3 +31,40 @@ class LeastOutstanding(PlacementPolicy):
 
     def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
         return min(range(len(outstanding)), key=lambda i: (outstanding[i], i))
+
+
+class SessionAffinity(PlacementPolicy):
+    """Keep a workflow request's canonical calls on one engine; send its fills elsewhere.
+
+    A request's consecutive LLM stages share long prompt prefixes (a router's prompt grows
+    turn by turn), and the engine that served the last one holds them in its prefix cache:
+    moving a call to another engine re-prefills thousands of tokens. So each request gets a
+    *home* engine (the least loaded when it first calls) and stays there unless home has
+    more than ``slack`` open calls beyond the least loaded engine (then it re-homes there).
+    Speculative calls (fills) prefer any engine but home, least loaded first, so they
+    overlap the request's own decoding on other workers instead of slowing it.
+    """
+
+    name = "session-affinity"
+
+    def __init__(self, slack: int = 2, max_sessions: int = 65_536) -> None:
+        self.slack, self.max_sessions = slack, max_sessions
+        self._home: OrderedDict[str, int] = OrderedDict()
+
+    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
+        n = len(outstanding)
+        home = self._home.get(request.session) if request.session else None
+        if home is not None and home >= n:
+            home = None
+        if request.priority > CANONICAL:
+            others = [i for i in range(n) if i != home] or list(range(n))
+            return min(others, key=lambda i: (outstanding[i], i))
+        least = min(range(n), key=lambda i: (outstanding[i], i))
+        if home is None or outstanding[home] > outstanding[least] + self.slack:
+            home = least
+        if request.session:
+            self._home[request.session] = home
+            self._home.move_to_end(request.session)
+            if len(self._home) > self.max_sessions:
+                self._home.popitem(last=False)
+        return home

@@ -27,6 +27,7 @@ class StageRecord:
     served_from: str = "exec"  # one of SERVED_FROM
     engine: str = ""  # engine id for llm stages, tool name for tool stages
     speculative: bool = False
+    fill: str = ""  # speculative stages: the fill (candidate) that ran them
     reuse_name: str = ""
     fingerprint: str = ""
     input_digest: str = ""

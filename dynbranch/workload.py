@@ -130,6 +130,22 @@ class RequestInstance(ABC):
     async def run(self, ctx: StageContext) -> Any:
         """The request's control flow; returns the outcome :meth:`score` reads."""
 
+    def fillable(self, point: BranchPoint, candidate: str) -> bool:
+        """Whether :meth:`speculate` has anything to run for ``candidate`` (default: yes).
+
+        Lets C2 skip candidates such as an end-of-turn marker without spending a fill slot.
+        """
+        return True
+
+    async def speculate(self, ctx: StageContext, point: BranchPoint, candidate: str) -> None:
+        """Run, as a fill, what the workflow would run next if ``point`` resolved to
+        ``candidate`` (C2's early fill), through ``ctx`` exactly as :meth:`run` would render it.
+
+        Only what is known at branch time may be used. The default fills nothing. A stage
+        that may not run speculatively raises :class:`~dynbranch.errors.NotSpeculable`
+        from ``ctx``, which ends the fill there.
+        """
+
     @abstractmethod
     def tool(self, name: str) -> Tool:
         """The instance's tool called ``name``."""
@@ -159,6 +175,7 @@ class Workload(ABC):
 
     name: str
     template: Template
+    predictor: str = "frequency"  # the predictor C2 ranks this workload's branches with
 
     def fetch_data(self, data: DataConfig, progress: Callable[[str], None] = print) -> None:
         """Fetch what this workload can fetch by itself into ``data.cache_dir`` (default: nothing)."""

@@ -1,7 +1,6 @@
 """Workloads by name: the requests, tools and scoring each paper workload runs on.
 
-``routing`` is built; ``react``, ``subagent`` and ``hci`` are part of the design (DESIGN.md
-§4) and not built yet.
+``routing``, ``react``, ``subagent`` and ``hci`` are built (DESIGN.md §4).
 """
 
 from __future__ import annotations
@@ -11,9 +10,9 @@ from typing import Any
 from dynbranch.errors import NotBuiltError, UnknownNameError
 from dynbranch.workload import Workload
 
-BUILT = ("routing",)
-PLANNED = ("react", "subagent", "hci")
-WORKLOAD_NAMES = (*BUILT, *PLANNED)
+BUILT = ("routing", "react", "subagent", "hci")
+PLANNED: tuple[str, ...] = ()
+WORKLOAD_NAMES = ("routing", "react", "subagent", "hci")  # DESIGN.md §4 order
 
 
 def get_workload(name: str, **options: Any) -> Workload:
@@ -22,6 +21,18 @@ def get_workload(name: str, **options: Any) -> Workload:
         from workloads.routing import RoutingWorkload
 
         return RoutingWorkload(**options)
+    if name == "react":
+        from workloads.react import ReActWorkload
+
+        return ReActWorkload(**options)
+    if name == "subagent":
+        from workloads.subagent import SubAgentWorkload
+
+        return SubAgentWorkload(**options)
+    if name == "hci":
+        from workloads.hci import HCIWorkload
+
+        return HCIWorkload(**options)
     if name in PLANNED:
         raise NotBuiltError("workload", name, list(BUILT))
     raise UnknownNameError("workload", name, list(WORKLOAD_NAMES))

@@ -36,6 +36,7 @@ class GenerateRequest:
     top_p: float = 1.0
     seed: int | None = None
     cache_salt: str | None = None
+    session: str = ""  # the workflow request this call belongs to (placement affinity)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -4,8 +4,33 @@ Only the ordering a predictor returns is used (its scores are uncalibrated); C3 
 consumption rate per rank online. A predictor sees a :class:`BranchContext` built from the
 workflow's :class:`~dynbranch.workflow.BranchPoint` and, after the branch resolves, is told
 what was chosen so it can learn for later branches (never for this one).
+
+Built: ``frequency`` (next-stage frequency model over a coordinate's history; Routing, HCI)
+and ``entity`` (entities named in the previous hop's passage; ReAct).
 """
 
+from __future__ import annotations
+
+import importlib
+
+from dynbranch.errors import NotBuiltError, UnknownNameError
 from dynbranch.predictors.base import BranchContext, Predictor
 
-__all__ = ["BranchContext", "Predictor"]
+PREDICTORS = {
+    "frequency": ("dynbranch.predictors.frequency", "FrequencyPredictor"),
+    "entity": ("dynbranch.predictors.entity", "EntityRanker"),
+}
+PLANNED = ("drafter",)
+
+
+def make_predictor(name: str, **options) -> Predictor:
+    """A new predictor called ``name``."""
+    if name in PREDICTORS:
+        module, cls = PREDICTORS[name]
+        return getattr(importlib.import_module(module), cls)(**options)
+    if name in PLANNED:
+        raise NotBuiltError("predictor", name, list(PREDICTORS))
+    raise UnknownNameError("predictor", name, [*PREDICTORS, *PLANNED])
+
+
+__all__ = ["PREDICTORS", "BranchContext", "Predictor", "make_predictor"]

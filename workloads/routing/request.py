@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynbranch.predictors.frequency import FEATURES_KEY
 from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
 from dynbranch.workload import RequestInstance, StageContext, Tool
 from workloads.routing.apis import ApiState, ApiSuite
@@ -119,7 +120,8 @@ class RoutingRequest(RequestInstance):
         coordinate = BranchCoordinate(WORKFLOW, "router", outcome.router_decisions)
         outcome.router_decisions += 1
         self._open[coordinate] = (turn, [{"call": c.call, "result": c.value} for c in executed])
-        point = BranchPoint(coordinate, self.candidates, multi_valued=self.record.parallel)
+        point = BranchPoint(coordinate, self.candidates, multi_valued=self.record.parallel,
+                            evidence=self._evidence(executed))
         values = {"functions": self.functions, "conversation": list(conversation)}
         async with ctx.branch(point) as branch:
             text = await ctx.llm("router", values)
@@ -127,6 +129,15 @@ class RoutingRequest(RequestInstance):
             branch.resolve(*(dict.fromkeys(chosen) or (END_OF_TURN,)))
         self._open.pop(coordinate, None)
         return chosen
+
+    def _evidence(self, executed: Sequence[ExecutedCall]) -> dict[str, Any]:
+        """What a predictor may know at the router's branch: the function called last.
+
+        Each candidate gets the feature ``"<previous> -> <candidate>"``, so the frequency
+        predictor learns which function tends to follow which (a next-stage model).
+        """
+        previous = _name(executed[-1].call) if executed else "<turn start>"
+        return {FEATURES_KEY: {c: [f"{previous} -> {c}"] for c in self.candidates}}
 
     def _parse_route(self, text: str, outcome: RoutingOutcome) -> list[str]:
         """The offered function names in the router's output; the rest is ignored (and kept).
@@ -174,6 +185,17 @@ class RoutingRequest(RequestInstance):
         if opened is None or candidate not in self.record.function_names:
             return None
         return self.handler_values(candidate, 0, *opened)
+
+    def fillable(self, point: BranchPoint, candidate: str) -> bool:
+        return candidate in self.record.function_names
+
+    async def speculate(self, ctx: StageContext, point: BranchPoint, candidate: str) -> None:
+        """Early fill of ``candidate``: its handler, then (if read-only) its executor."""
+        values = self.fill_values(point.coordinate, candidate)
+        if values is None:
+            return
+        call = (await ctx.llm("handler", values)).strip()
+        await ctx.tool("executor", self.executor_values(call))
 
     def tool(self, name: str) -> Tool:
         if name != TOOL_NAME:
