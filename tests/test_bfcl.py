@@ -30,7 +30,6 @@ from dynbranch.errors import (
     DataFetchError,
     DataMissingError,
     MalformedRecordError,
-    NotBuiltError,
     ToolExecutionError,
     ToolInputError,
     UnknownNameError,

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from tests.engine_contract import check_engine_contract
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +38,7 @@ from dynbranch.errors import (
     PromptTooLongError,
     UnknownNameError,
 )
+from tests.engine_contract import check_engine_contract
 
 T = TypeVar("T")
 P32 = load_profile("qwen3-32b@h200")
