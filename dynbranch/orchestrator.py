@@ -174,7 +174,7 @@ class RequestContext:
             max_tokens=spec.sampling.max_tokens,
             replay_text=self.instance.replay_text(call.rendered), priority=CANONICAL,
             temperature=spec.sampling.temperature, top_p=spec.sampling.top_p,
-            seed=spec.sampling.seed, cache_salt=self._o.tenant)
+            seed=spec.sampling.seed, cache_salt=self._o.tenant, session=self.request_id)
         try:
             client, result = await self._o.pool.generate(spec.model, request)
         except BaseException:
