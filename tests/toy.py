@@ -64,11 +64,16 @@ class ToyRequest(RequestInstance):
         assert name == "kv"
         return self._tool
 
+    async def speculate(self, ctx, point, candidate: str) -> None:
+        fact = await ctx.tool("lookup", {"key": candidate})
+        await ctx.llm("answer", {"question": self.question, "fact": fact})
+
     def replay_text(self, rendered) -> str | None:
         if rendered.stage == "plan":
             return self.key
         words = " ".join(["word"] * self._answer_words)
-        return f"{len(self.key)} letters: {words}"
+        letters = rendered.fields["fact"].split()[2]  # "<key> is <n> letters long"
+        return f"{letters} letters: {words}"
 
     def score(self, outcome: Any) -> float:
         return float(outcome.startswith(f"{len(self.key)} letters"))

@@ -1,0 +1,103 @@
+"""C2 through the orchestrator: fills, promotion on resolution, non-interference."""
+
+import asyncio
+
+from dynbranch.arms import get_arm
+from dynbranch.audit import unsafe_splices
+from dynbranch.backend import EngineSpec, LocalBackend
+from dynbranch.clock import VirtualClock
+from dynbranch.hooks import RunContext
+from dynbranch.orchestrator import Orchestrator
+from tests.shared_kv import KVTool as SharedKVTool
+from tests.shared_kv import SharedKV
+from tests.toy import KEYS, ToyRequest
+
+
+def run(arm, requests, *, fanout=3, workers=2, spacing=0.0):
+    clock = VirtualClock()
+    backend = LocalBackend(clock, {"target": EngineSpec("sim", "qwen3-8b@rtx4090", workers)})
+
+    async def main():
+        await backend.start()
+        try:
+            ctx = RunContext(clock=clock, arm=arm, models=backend.models(),
+                             options={"fanout": fanout, "predictor": "frequency"},
+                             make_store=lambda: backend.make_store(1 << 26))
+            orch = Orchestrator(clock, backend.clients(), get_arm(arm), run=ctx)
+            t0 = orch.start_run()
+
+            async def one(i, req):
+                await clock.sleep_until(t0 + i * spacing)
+                return await orch.run_request(req, i * spacing)
+
+            records = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+            await orch.finish_run()
+            loads = [await c.load() for c in backend.clients()["target"]]
+            return records, orch, loads
+        finally:
+            await backend.shutdown()
+
+    return clock.run(main())
+
+
+def test_fills_run_every_candidate_and_the_winner_is_promoted():
+    # a long question makes the plan's prefill slow, so fills finish while it decides
+    records, orch, loads = run("c2", [ToyRequest(1, context_words=2500)])
+    assert records[0].status == "completed" and records[0].correct == 1.0
+    spec = [s for s in orch.log.stages if s.speculative]
+    assert {s.fill for s in spec} == set(KEYS)  # all three candidates were filled
+    canon = {s.stage: s.served_from for s in orch.log.stages if not s.speculative}
+    assert canon["plan"] == "exec" and canon["lookup"] in ("shadow", "join")
+    assert canon["answer"] in ("shadow", "join")
+    fills = orch.mechanism_stats["speculation"]["fills"]
+    assert fills["issued"] == 3 and fills["consumed"] == 1 and fills["discarded"] == 2
+    assert fills["running"] == 0
+    # non-interference: nothing of the losers is left running or readable
+    assert all(load.running == 0 and load.waiting == 0 for load in loads)
+    store = orch.mechanism_stats["reuse"]["store"]
+    assert store["in_flight"] == 0 and store["drops"] >= 1
+    assert unsafe_splices(orch.log.stages) == []
+
+
+def test_promoted_values_equal_what_the_floor_computes():
+    reqs = lambda: [ToyRequest(i, context_words=800) for i in range(6)]  # noqa: E731
+    floor, _, _ = run("floor", reqs(), spacing=1.0)
+    c2, orch, _ = run("c2", reqs(), spacing=1.0)
+    assert [r.correct for r in c2] == [r.correct for r in floor] == [1.0] * 6
+    assert sum(s.served_from != "exec" for s in orch.log.stages) >= 6
+
+
+def test_c2_does_not_reuse_across_requests_and_full_does():
+    reqs = lambda: [ToyRequest(0), ToyRequest(3)]  # noqa: E731 - same key and question shape
+    _, c2, _ = run("c2", reqs(), fanout=0, spacing=5.0)
+    _, full, _ = run("full", reqs(), fanout=0, spacing=5.0)
+    assert {s.served_from for s in c2.log.stages} == {"exec"}
+    later = [s for s in full.log.stages if s.request_id == "toy-003"]
+    assert any(s.served_from == "cache" for s in later)
+
+
+class _MutatingLookup(ToyRequest):
+    """A workflow whose downstream tool call writes: it must never run in a fill."""
+
+    def __init__(self, n, kv):
+        super().__init__(n, context_words=2500)
+        self._tool = _WritingTool(kv)
+
+
+class _WritingTool(SharedKVTool):
+    def is_read_only(self, fields):
+        return False
+
+    def call(self, fields):
+        written = super().call({"key": fields["key"], "value": "written"})
+        key = fields["key"]
+        return type(written)(f"{key} is {len(key)} letters long", written.reads, written.writes)
+
+
+def test_a_mutating_stage_never_runs_speculatively():
+    kv = SharedKV({})
+    records, orch, _ = run("c2", [_MutatingLookup(1, kv)])
+    assert records[0].status == "completed"
+    assert not any(s.speculative and s.kind == "tool" for s in orch.log.stages)
+    assert kv.version == 1  # only the canonical call wrote
+    assert orch.mechanism_stats["speculation"]["fills"]["stopped"] == 3
