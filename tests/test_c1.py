@@ -84,9 +84,10 @@ def test_a_write_invalidates_what_read_the_old_version_and_what_was_rendered_fro
     assert served(orch, "b") == [("plan", "cache"), ("lookup", "exec"), ("answer", "exec")]
     write = next(s for s in orch.log.stages if s.stage == "store")
     assert write.served_from == "exec" and write.writes == {RESOURCE: "1"}
-    # the answer's record inherits its upstream lookup's read-set, so the write reaches it
-    # directly (the provenance cascade covers upstreams the store no longer holds)
+    # the lookup read the old version (direct); the answer was rendered from it (cascade)
     assert orch.mechanism_stats["reuse"]["invalidated"] == 2
+    assert orch.mechanism_stats["reuse"]["store"]["invalidated_direct"] == 1
+    assert orch.mechanism_stats["reuse"]["store"]["invalidated_cascade"] == 1
     answer_a = next(s for s in orch.log.stages if s.request_id == "a" and s.stage == "answer")
     lookup_a = next(s for s in orch.log.stages if s.request_id == "a" and s.stage == "lookup")
     assert lookup_a.read_set == {RESOURCE: "0"} and answer_a.reuse_name

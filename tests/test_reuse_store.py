@@ -161,6 +161,16 @@ def test_put_refuses_a_record_that_read_an_old_version():
     assert len(s) == 0 and s.stats.refused == 1
 
 
+def test_put_refuses_a_record_rendered_from_an_invalidated_record():
+    s = SubgraphStore(BIG)
+    up = rec(1, reads={"fs": "0"})
+    assert s.put(up, 0.0).stored
+    s.write("fs", "1", 1.0)  # invalidates `up` before its downstream record arrives
+    late = s.put(rec(2, upstream=(up.name,)), 2.0)
+    assert late.outcome is PutOutcome.STALE and len(s) == 0
+    assert s.put(rec(3, upstream=("never-stored",)), 3.0).stored  # absent is not invalid
+
+
 def test_first_read_of_a_resource_is_learned_not_overridden():
     s = SubgraphStore(BIG)
     assert s.observe_reads({"fs": "0"}) == {}

@@ -8,8 +8,9 @@ fingerprint, complete rendered input, model and revision, parameters and the ten
   fresh shadow a fill left (``shadow``), or waits for an equal execution in flight and is
   served its result (``join``);
 * otherwise claims the name and lets the stage execute, then records its output with its
-  read-set (its own reads plus those of the records its input was rendered from) and
-  provenance, so a write can invalidate it and, in cascade, what was rendered from it;
+  read-set (the external reads it made) and its provenance (the records of the same request
+  its input was rendered from), so a write invalidates it and, in cascade, what was
+  rendered from it;
 * forwards every write (resource → new version) to the store's freshness guard.
 
 ``track_reads=False`` drops the read-set and ignores writes: the Helium⁺ baseline's exact
@@ -139,7 +140,9 @@ class StoreReuseHook(ReuseHook):
 
     def _make_record(self, call: StageCall, outcome: StageOutcome,
                      state: RecordState) -> Record | None:
-        reads = {**call.inherited_reads, **outcome.read_set} if self.track_reads else {}
+        # NOTE: a record's read-set is its own reads. What its input was rendered from is
+        # its provenance: a write reaches it through the store's cascade, not its reads.
+        reads = dict(outcome.read_set) if self.track_reads else {}
         upstream = call.upstream if self.track_reads else ()
         provenance = Provenance(call.request_id, self.run.clock.now(), outcome.engine,
                                 self.run.arm, upstream)

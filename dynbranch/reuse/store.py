@@ -199,6 +199,10 @@ class SubgraphStore:
         stale = self.versions.stale(record.read_set)
         if stale:
             return self._refuse(PutOutcome.STALE, stale)
+        if any(self._gone.get(u) is MissReason.INVALIDATED for u in record.provenance.upstream):
+            # NOTE: rendered from a record a write already invalidated: the cascade would
+            # have removed this record had it been stored a moment earlier.
+            return self._refuse(PutOutcome.STALE)
         if record.size > self.capacity_bytes:
             return self._refuse(PutOutcome.TOO_LARGE)
         old = self._records.get(record.name)
