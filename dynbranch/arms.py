@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dynbranch.baselines import helium_arm, instcache_arm
 from dynbranch.errors import NotBuiltError, UnknownNameError
 from dynbranch.hooks import BranchHook, NoReuse, NoSpeculation, ReuseHook, RunContext
 from dynbranch.placement import PlacementPolicy, SessionAffinity
@@ -59,9 +60,11 @@ BUILT: dict[str, Arm] = {
               _c2_reuse, _speculator, SessionAffinity),
     "full": Arm("full", "C1 reuse and C2 early fill together", _c1_reuse, _speculator,
                 SessionAffinity),
+    "instcache": instcache_arm(SessionAffinity),  # the floor's placement: only hits change
+    "helium": helium_arm(),
 }
 
-PLANNED = ("instcache", "helium", "parrot", "dsp", "spagent")
+PLANNED = ("parrot", "dsp", "spagent")
 
 
 def get_arm(name: str) -> Arm:

@@ -76,6 +76,7 @@ class Prepared:
     clock: Clock
     instances: Sequence[RequestInstance]
     arrivals: Sequence[float]
+    data: DataConfig | None = None  # where the workload reads (InstCache pre-populates from it)
 
 
 def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepared:
@@ -95,13 +96,16 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
         raise ConfigError(f"need --requests >= 1, --rate > 0 and --workers >= 1 "
                           f"(got {cfg.requests}, {cfg.rate}, {cfg.workers})")
     arm = get_arm(cfg.arm)
+    if arm.name == "instcache" and cfg.split != "test":
+        raise ConfigError("the instcache arm pre-populates from the train split; "
+                          "measure it on --split test")
     workload = get_workload(cfg.workload, tool_time=cfg.tool_time, **cfg.workload_options)
     data = DataConfig(resolve_data_dir(cfg.data_dir), cache_dir())
     workload.fetch_data(data, progress)
     workload.check_data(data)
     instances = workload.requests(data, cfg.requests, cfg.seed, cfg.split)
     arrivals = arrival_times(cfg.requests, cfg.rate, cfg.seed, cfg.arrival, cfg.cv)
-    return Prepared(cfg, workload, arm, make_clock(cfg.clock), instances, list(arrivals))
+    return Prepared(cfg, workload, arm, make_clock(cfg.clock), instances, list(arrivals), data)
 
 
 def _check_engine(kind: str) -> None:
@@ -165,6 +169,10 @@ async def _replay(prepared: Prepared, backend: Backend
                      "predictor": cfg.predictor or prepared.workload.predictor},
             make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction))
         orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
+        prepopulate = getattr(orch.reuse, "prepopulate", None)
+        if prepopulate is not None:  # InstCache: predicted requests, before the clock starts
+            await prepopulate(prepared.workload, prepared.data, cfg.seed,
+                              measured_split=cfg.split)
         records = await _launch_all(prepared, orch)
         await orch.finish_run()
     finally:

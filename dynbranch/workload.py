@@ -130,6 +130,11 @@ class RequestInstance(ABC):
     async def run(self, ctx: StageContext) -> Any:
         """The request's control flow; returns the outcome :meth:`score` reads."""
 
+    def request_input(self) -> Any | None:
+        """The request's entire input, canonically encodable and known before it runs (what
+        a whole-request cache such as InstCache keys on); ``None``: no such input exists."""
+        return None
+
     def fillable(self, point: BranchPoint, candidate: str) -> bool:
         """Whether :meth:`speculate` has anything to run for ``candidate`` (default: yes).
 

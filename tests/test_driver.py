@@ -61,7 +61,7 @@ def test_same_seed_on_the_virtual_clock_gives_an_identical_stage_log(tmp_path):
 
 @pytest.mark.parametrize("kw,error,match", [
     ({"workload": "chess"}, UnknownNameError, "known workloads: .*routing"),
-    ({"arm": "spagent"}, NotBuiltError, "arm 'spagent' is part of the design but not built yet; built arms: c1, c2, floor, full"),
+    ({"arm": "spagent"}, NotBuiltError, "arm 'spagent' is part of the design but not built yet; built arms: c1, c2, floor, full, helium, instcache"),
     ({"arm": "magic"}, UnknownNameError, "unknown arm 'magic'"),
     ({"engine": "vllm"}, NotBuiltError, "built engines: hf, sim, zero"),
     ({"backend": "ray", "clock": "virtual"}, ConfigError, "virtual clock runs in one process"),

@@ -186,6 +186,11 @@ class RoutingRequest(RequestInstance):
             return None
         return self.handler_values(candidate, 0, *opened)
 
+    def request_input(self) -> dict[str, Any]:
+        r = self.record
+        return {"turns": list(r.turns), "functions": [dict(f) for f in r.functions],
+                "classes": list(r.classes), "initial_config": dict(r.initial_config)}
+
     def fillable(self, point: BranchPoint, candidate: str) -> bool:
         return candidate in self.record.function_names
 

@@ -1,0 +1,177 @@
+"""Prefix-affinity placement: the cache-aware scheduling half of the Helium⁺ baseline.
+
+Helium (Wadlom et al., 2026) schedules each LLM operator on the worker whose KV cache
+already holds the longest part of its prompt, found in a *templated radix tree* of the
+prompts it has placed, and trades that reuse against load in a cost model. This policy is
+the simplified form the baseline runs on the concurrent dispatch path:
+
+* **What a worker holds.** Every prompt placed on an engine is cut into blocks of
+  ``block_chars`` characters; block *k*'s key is a hash chained through block *k-1*'s key
+  (as vLLM's and the sim engine's prefix-cache block hashes are), rooted at the call's
+  ``cache_salt`` — the engines isolate prefixes by salt, so placement does too. Each
+  engine keeps the keys of the blocks it was sent in an LRU of ``blocks_per_engine``
+  entries: a bounded stand-in for the radix tree and for the KV the engine still caches.
+* **Where a call goes.** The engine whose held chain matches the most leading blocks of
+  the prompt; equal matches go to the engine with fewer open calls, then the one that
+  served the prefix most recently, then the lowest index (deterministic).
+* **When affinity yields.** A call whose best match covers less than
+  ``min_match_fraction`` of its blocks has no affinity worth keeping (a new request shares
+  only the template's static head, which every worker soon holds) and goes to the least
+  loaded engine, as in SGLang's cache-aware router. A preferred engine with more than
+  ``max_imbalance`` open calls above the least loaded one is passed over the same way: the
+  load guard that stands in for Helium's cost model.
+
+Characters, not tokens, measure the match: counting tokens would tokenize every prompt on
+the dispatch path, and affinity needs only an order between engines, which characters
+give. Keys come from ``hashlib`` (never Python's salted ``hash``), so choices are the same
+in every process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dynbranch.engines.protocol import GenerateRequest
+from dynbranch.placement import PlacementPolicy
+
+BlockHash = Callable[[bytes], bytes]
+
+
+def blake2b_16(data: bytes) -> bytes:
+    """The default block hash: 16 bytes of BLAKE2b (collisions are irrelevant at this size)."""
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class AffinityConfig:
+    """Settings of :class:`PrefixAffinity`; each is checked when the config is made.
+
+    ``block_chars`` (>= 1): characters per prefix block. ``max_blocks`` (>= 1): how many
+    leading blocks of a prompt are hashed (longer prompts match at most this far).
+    ``blocks_per_engine`` (>= ``max_blocks``): LRU bound on the block keys remembered per
+    engine. ``min_match_fraction`` in [0, 1]: the least share of a prompt's blocks a match
+    must cover to keep affinity. ``max_imbalance`` (>= 0): open calls a preferred engine
+    may have above the least loaded engine before the call goes to the least loaded.
+    """
+
+    block_chars: int = 128
+    max_blocks: int = 256
+    blocks_per_engine: int = 16_384
+    min_match_fraction: float = 0.5
+    # NOTE: 4 open calls is about one routing request's parallel fan-out: affinity may
+    # stack one request's worth of extra work on a warm engine, never a queue of them.
+    max_imbalance: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("block_chars", "max_blocks", "blocks_per_engine"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AffinityConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.blocks_per_engine < self.max_blocks:
+            raise ValueError(
+                f"AffinityConfig.blocks_per_engine={self.blocks_per_engine} must be >= "
+                f"max_blocks={self.max_blocks}, or one prompt would evict its own head")
+        if not 0.0 <= self.min_match_fraction <= 1.0:
+            raise ValueError(
+                f"AffinityConfig.min_match_fraction={self.min_match_fraction} outside [0, 1]")
+        if self.max_imbalance < 0:
+            raise ValueError(f"AffinityConfig.max_imbalance={self.max_imbalance} must be >= 0")
+
+
+@dataclass(frozen=True)
+class Match:
+    """How far one engine's held blocks match a prompt, and how recently it served them."""
+
+    engine: int
+    blocks: int
+    last_served: int
+
+
+def least_outstanding(outstanding: Sequence[int]) -> int:
+    """The engine with the fewest open calls, lowest index on ties (as the floor places)."""
+    return min(range(len(outstanding)), key=lambda i: (outstanding[i], i))
+
+
+class PrefixAffinity(PlacementPolicy):
+    """Route a call to the engine holding its longest prompt prefix, within a load guard."""
+
+    name = "prefix-affinity"
+
+    def __init__(self, config: AffinityConfig | None = None, *,
+                 hash_fn: BlockHash = blake2b_16) -> None:
+        self.config = config or AffinityConfig()
+        self.hash_fn = hash_fn
+        self._held: list[OrderedDict[bytes, int]] = []  # per engine: block key -> last tick
+        self._tick = 0
+        self.counts = {"affinity": 0, "no_affinity": 0, "load_guard": 0}
+
+    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
+        while len(self._held) < len(outstanding):
+            self._held.append(OrderedDict())
+        keys = self.block_keys(request.prompt, request.cache_salt)
+        chosen = self._decide(outstanding, keys)
+        self._remember(chosen, keys)
+        return chosen
+
+    def block_keys(self, prompt: str, salt: str | None) -> list[bytes]:
+        """Chained keys of the prompt's full leading blocks (at most ``max_blocks``)."""
+        size = self.config.block_chars
+        n = min(len(prompt) // size, self.config.max_blocks)
+        key = self.hash_fn(b"salt:" + (salt or "").encode("utf-8"))
+        keys = []
+        for i in range(n):
+            key = self.hash_fn(key + prompt[i * size:(i + 1) * size].encode("utf-8"))
+            keys.append(key)
+        return keys
+
+    def match(self, engine: int, keys: Sequence[bytes]) -> Match:
+        """How many leading blocks of ``keys`` ``engine`` holds (radix semantics: stop at the
+        first block it lacks), and the tick at which it last served the deepest of them."""
+        held = self._held[engine] if engine < len(self._held) else {}
+        depth, last = 0, -1
+        for key in keys:
+            tick = held.get(key)
+            if tick is None:
+                break
+            depth, last = depth + 1, tick
+        return Match(engine, depth, last)
+
+    def held_blocks(self, engine: int) -> int:
+        """Block keys remembered for ``engine`` (never above ``blocks_per_engine``)."""
+        return len(self._held[engine]) if engine < len(self._held) else 0
+
+    def stats(self) -> dict[str, int]:
+        """How many calls kept affinity, had none, or were moved by the load guard."""
+        return dict(self.counts)
+
+    # -- deciding -------------------------------------------------------------------------
+
+    def _decide(self, outstanding: Sequence[int], keys: Sequence[bytes]) -> int:
+        least = least_outstanding(outstanding)
+        if not keys:
+            self.counts["no_affinity"] += 1
+            return least
+        matches = [self.match(i, keys) for i in range(len(outstanding))]
+        best = min(matches, key=lambda m: (-m.blocks, outstanding[m.engine], -m.last_served,
+                                           m.engine))
+        if best.blocks == 0 or best.blocks < self.config.min_match_fraction * len(keys):
+            self.counts["no_affinity"] += 1
+            return least
+        if outstanding[best.engine] - outstanding[least] > self.config.max_imbalance:
+            self.counts["load_guard"] += 1
+            return least
+        self.counts["affinity"] += 1
+        return best.engine
+
+    def _remember(self, engine: int, keys: Sequence[bytes]) -> None:
+        self._tick += 1
+        held = self._held[engine]
+        # NOTE: touched tail first, so the head is the most recently used: eviction then cuts
+        # a chain from its tail, as vLLM frees blocks, and never orphans a tail from its head.
+        for key in reversed(keys):
+            held[key] = self._tick
+            held.move_to_end(key)
+        while len(held) > self.config.blocks_per_engine:
+            held.popitem(last=False)
