@@ -4,9 +4,14 @@
   code puts one engine on each GPU of a GPU cluster and a CPU fraction each on a laptop.
 * :class:`EngineActor` — a plain class wrapping one :class:`~dynbranch.engines.protocol.Engine`,
   made remote where it is created.
+* :class:`StoreActor` — one shard of C1's subgraph store, its records' Arrow bytes held in
+  Ray's object store; :class:`RayStoreClient` — the orchestrator's store client over the
+  shards (what :meth:`RayBackend.make_store` returns).
 """
 
 from dynbranch.cluster.backend import ENGINE_RESOURCE, RayBackend, connect
 from dynbranch.cluster.engine_actor import EngineActor
+from dynbranch.cluster.store import DEFAULT_SHARDS, Located, RayStoreClient, StoreActor
 
-__all__ = ["ENGINE_RESOURCE", "EngineActor", "RayBackend", "connect"]
+__all__ = ["DEFAULT_SHARDS", "ENGINE_RESOURCE", "EngineActor", "Located", "RayBackend",
+           "RayStoreClient", "StoreActor", "connect"]

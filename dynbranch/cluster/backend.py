@@ -15,8 +15,10 @@ from collections.abc import Mapping
 
 from dynbranch.backend import Backend, EngineClient, EngineSpec
 from dynbranch.clock import Clock
+from dynbranch.cluster.store import DEFAULT_SHARDS
 from dynbranch.engines.protocol import GenerateRequest, GenerateResult, LoadSnapshot
 from dynbranch.errors import ConfigError
+from dynbranch.reuse.client import StoreClient
 
 ENGINE_RESOURCE = "dynbranch_engine"
 GPU_ENGINES = ("vllm",)
@@ -71,6 +73,7 @@ class RayBackend(Backend):
             raise ConfigError("the Ray backend runs on the real clock only")
         self.clock, self._roles, self._address = clock, dict(roles), address
         self._actors: list = []
+        self._store_actors: list = []
         self._clients: dict[str, list[EngineClient]] = {}
         self._pg = None
         self._started_ray = False
@@ -121,6 +124,21 @@ class RayBackend(Backend):
     def clients(self) -> Mapping[str, list[EngineClient]]:
         return self._clients
 
+    def make_store(self, capacity_bytes: int, policy: str = "lru", *,
+                   shards: int = DEFAULT_SHARDS) -> StoreClient:
+        """C1's store as ``shards`` store actors (``capacity_bytes`` split evenly) holding
+        records in Ray's object store; they live until :meth:`shutdown`."""
+        import ray
+
+        from dynbranch.cluster.store import RayStoreClient, make_shards
+
+        if not ray.is_initialized():
+            raise ConfigError("RayBackend.make_store needs a connected backend: call start() "
+                              "first")
+        actors = make_shards(capacity_bytes, policy, shards)
+        self._store_actors.extend(actors)
+        return RayStoreClient(actors)
+
     async def shutdown(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
@@ -129,9 +147,10 @@ class RayBackend(Backend):
             if self._actors:
                 await _gather([a.shutdown.remote() for a in self._actors])
         finally:
-            for a in self._actors:
+            for a in self._actors + self._store_actors:
                 ray.kill(a)
             self._actors.clear()
+            self._store_actors.clear()
             if self._pg is not None:
                 remove_placement_group(self._pg)
                 self._pg = None

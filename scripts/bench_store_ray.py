@@ -1,0 +1,125 @@
+"""Micro-benchmark of C1's store on Ray against the in-process store, through the async clients.
+
+Fills a :class:`~dynbranch.cluster.RayStoreClient` (store actors on a local Ray instance,
+records' Arrow bytes in the object store) and a :class:`~dynbranch.reuse.client.LocalStoreClient`
+with the same records, then times one awaited call at a time: a lookup hit (for Ray: the
+shard's answer, fetching the object and decoding it), a lookup miss, and a put. Prints
+p50/p99 in microseconds. Numbers go into notes, not assertions.
+
+    python scripts/bench_store_ray.py [--records 2000] [--lookups 2000] [--shards 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+
+from dynbranch.reuse import Hit, Miss, Provenance, Record, RecordState, ReuseKey, SubgraphStore
+from dynbranch.reuse.client import LocalStoreClient, StoreClient
+from dynbranch.workflow import SamplingParams
+
+SAMPLING = SamplingParams(max_tokens=128)
+CAPACITY = 1 << 30
+
+
+def make_key(i: int) -> ReuseKey:
+    fields = {"call": f"ls(a=True, path='dir{i}')", "history": [f"turn {j}" for j in range(4)]}
+    return ReuseKey("f" * 64, fields, "qwen3-32b", "main", SAMPLING, "1", "bench")
+
+
+def make_record(i: int) -> Record:
+    value = {"result": [f"file{i}-{j}.txt" for j in range(8)], "ok": True}
+    return Record.create(
+        make_key(i), value, read_set={f"routing-{i % 500:05d}/GorillaFileSystem": "0"},
+        provenance=Provenance(f"req-{i}", float(i), "engine-0", "c1"),
+        state=RecordState.COMMITTED, cost_ms=float(10 + i % 90))
+
+
+def percentiles_us(samples_ns: list[int]) -> tuple[float, float]:
+    cuts = statistics.quantiles(samples_ns, n=100, method="inclusive")
+    return cuts[49] / 1e3, cuts[98] / 1e3
+
+
+async def time_calls(call: Callable[[int], Awaitable[object]], n: int) -> list[int]:
+    out = []
+    clock = time.perf_counter_ns
+    for i in range(n):
+        t0 = clock()
+        await call(i)
+        out.append(clock() - t0)
+    return out
+
+
+async def bench(client: StoreClient, records: list[Record], lookups: int,
+                rnd: random.Random) -> dict[str, list[int]]:
+    """Put every record (timed), then time ``lookups`` hits and misses."""
+    puts = await time_calls(lambda i: client.put(records[i], float(i)), len(records))
+    picks = [records[rnd.randrange(len(records))] for _ in range(lookups)]
+
+    async def hit(i: int) -> None:
+        got = await client.lookup(picks[i].name, picks[i].key_bytes, 1e6 + i)
+        assert isinstance(got, Hit) and got.record.value == picks[i].value
+
+    absent = [make_record(len(records) + i) for i in range(lookups)]
+
+    async def miss(i: int) -> None:
+        got = await client.lookup(absent[i].name, absent[i].key_bytes, 2e6 + i)
+        assert isinstance(got, Miss)
+
+    await hit(0)  # warm the path (first fetch of a borrowed ref, imports)
+    return {"lookup hit (+ fetch, decode)": await time_calls(hit, lookups),
+            "lookup miss (absent)": await time_calls(miss, lookups), "put": puts}
+
+
+async def run(args: argparse.Namespace) -> None:
+    import ray
+
+    from dynbranch.cluster import RayStoreClient
+    from dynbranch.cluster.store import make_shards
+
+    records = [make_record(i) for i in range(args.records)]
+    print(f"records: {args.records}, mean serialised size "
+          f"{statistics.mean(r.size for r in records):.0f} B, shards: {args.shards}, "
+          f"lookups: {args.lookups}")
+    shards = make_shards(CAPACITY, "lru", args.shards)
+    ray_client = RayStoreClient(shards)
+    local_client = LocalStoreClient(SubgraphStore(CAPACITY))
+    results = {}
+    for label, client in (("ray", ray_client), ("local", local_client)):
+        results[label] = await bench(client, records, args.lookups, random.Random(args.seed))
+    stats = await ray_client.stats()
+    print(f"ray store: {stats['records_held']} records, {stats['objects_held']} objects, "
+          f"{stats['object_bytes']:,} object bytes over {stats['shards']} shards")
+    print(f"{'path':<30}{'ray p50 us':>12}{'ray p99 us':>12}{'local p50 us':>14}"
+          f"{'local p99 us':>14}")
+    for path in results["ray"]:
+        r50, r99 = percentiles_us(results["ray"][path])
+        l50, l99 = percentiles_us(results["local"][path])
+        print(f"{path:<30}{r50:>12.1f}{r99:>12.1f}{l50:>14.1f}{l99:>14.1f}")
+    for actor in shards:
+        ray.kill(actor)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=2_000)
+    ap.add_argument("--lookups", type=int, default=2_000)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    import ray
+
+    ray.init(address="local", include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        asyncio.run(run(args))
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
