@@ -65,14 +65,19 @@ class RoutingRequest(RequestInstance):
     template = TEMPLATE
 
     def __init__(
-        self, request_id: str, record: Record, suite: ApiSuite | None, tool_time: str = "modelled"
+        self, request_id: str, record: Record, suite: ApiSuite | None, tool_time: str = "modelled",
+        shared: tuple[str, ApiState] | None = None,
     ) -> None:
         self.request_id, self.record, self._suite = request_id, record, suite
         self.candidates = (*record.function_names, END_OF_TURN)
         self.functions = [dict(f) for f in record.functions]
-        if record.multi_turn:
+        if record.multi_turn and shared is not None:
+            owner, self.state = shared  # a workspace other requests read and write too
+            self._tool: Tool = ApiTool(request_id, self.state, tool_time, owner=owner)
+            self.scope = {"shared": owner, "classes": list(record.classes)}
+        elif record.multi_turn:
             self.state = ApiState(suite, record.classes, record.initial_config)
-            self._tool: Tool = ApiTool(request_id, self.state, tool_time)
+            self._tool = ApiTool(request_id, self.state, tool_time)
             self.scope = {"request": request_id, "classes": list(record.classes)}
         else:
             self.state = None

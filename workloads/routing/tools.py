@@ -64,15 +64,17 @@ class ApiTool(Tool):
 
     name, schema_version = TOOL_NAME, TOOL_SCHEMA_VERSION
 
-    def __init__(self, request_id: str, state: ApiState, tool_time: str = "modelled") -> None:
+    def __init__(self, request_id: str, state: ApiState, tool_time: str = "modelled",
+                 owner: str | None = None) -> None:
         self.request_id, self.state, self.tool_time = request_id, state, tool_time
+        self.owner = owner or request_id  # whose state this is: the request's, or shared
         self.cost: ToolCost = (
             MeasuredCost() if tool_time == "measured" else ModelledCost(LOCAL_API_S)
         )
 
     def resource(self, cls: str) -> str:
-        """The read-set key of one API class of this request."""
-        return f"{self.request_id}/{cls}"
+        """The read-set key of one API class of this request's state."""
+        return f"{self.owner}/{cls}"
 
     def cost_for(self, fields: Mapping[str, Any]) -> ToolCost:
         """What a call with these fields will be charged."""

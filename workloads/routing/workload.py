@@ -19,9 +19,11 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dynbranch.canonical import digest
 from dynbranch.datasets import bfcl_root, fetch_bfcl
 from dynbranch.errors import ConfigError, DataError
 from dynbranch.workload import DataConfig, Workload
+from workloads.routing.apis import ApiState
 from workloads.routing.bfcl_data import CATEGORIES, BFCLData, Record, load_bfcl
 from workloads.routing.request import RoutingRequest
 from workloads.routing.template import TEMPLATE
@@ -53,7 +55,11 @@ class RoutingWorkload(Workload):
     Options: ``categories`` (a subset of :data:`CATEGORIES`), ``tool_time`` (``modelled`` or
     ``measured``), ``root`` (a BFCL tree to read instead of the cache, e.g. a test fixture)
     and ``fetch`` (fetch the wheel from PyPI on first use; otherwise a missing tree is a
-    :class:`~dynbranch.errors.DataMissingError`).
+    :class:`~dynbranch.errors.DataMissingError`). ``shared_state=True`` gives multi-turn
+    requests of the same scenario (same classes and initial configuration) ONE workspace
+    that they all read and write, as a tenant's file system would be: their calls interleave,
+    so one request's writes change what another reads (Table 1's write variant). Accuracy
+    against BFCL's per-record ground truth then no longer applies and is not a result.
     """
 
     name = "routing"
@@ -66,7 +72,9 @@ class RoutingWorkload(Workload):
         root: str | Path | None = None,
         fetch: bool = True,
         progress: Callable[[str], None] = print,
+        shared_state: bool = False,
     ) -> None:
+        self.shared_state = shared_state
         unknown = [c for c in categories if c not in CATEGORIES]
         if unknown or not categories:
             raise ConfigError(
@@ -122,7 +130,21 @@ class RoutingWorkload(Workload):
                 f"routing: the {split} split of {bfcl.root} has no records "
                 f"in categories {list(self.categories)}"
             )
+        workspaces: dict[str, tuple[str, ApiState]] = {}
         return [
-            RoutingRequest(f"routing-{i:05d}-{r.id}", r, bfcl.suite, self.tool_time)
+            RoutingRequest(f"routing-{i:05d}-{r.id}", r, bfcl.suite, self.tool_time,
+                           self._workspace(r, bfcl, workspaces))
             for i, r in enumerate(draw(pool, n, seed))
         ]
+
+    def _workspace(self, record: Record, bfcl: BFCLData,
+                   workspaces: dict[str, tuple[str, ApiState]]) -> tuple[str, ApiState] | None:
+        """The shared workspace of ``record``'s scenario (``shared_state`` only)."""
+        if not (self.shared_state and record.multi_turn):
+            return None
+        scenario = digest({"classes": list(record.classes),
+                           "initial_config": dict(record.initial_config)})[:16]
+        if scenario not in workspaces:
+            state = ApiState(bfcl.suite, record.classes, record.initial_config)
+            workspaces[scenario] = (f"shared-{scenario}", state)
+        return workspaces[scenario]

@@ -37,6 +37,7 @@ from workloads.react.retrieval import (
     index_for,
     load_corpus,
 )
+from workloads.subagent.mix import partial_overlap_mix
 from workloads.subagent.request import SubAgentRequest
 from workloads.subagent.template import TEMPLATE
 
@@ -59,12 +60,17 @@ def load_subagent_questions(data_dir: Path | None) -> tuple[MusiqueRecord, ...]:
 
 class SubAgentWorkload(Workload):
     """Sub-Agent research over MuSiQue. Options as :class:`~workloads.react.ReActWorkload`:
-    ``tool_time`` (``measured`` by default, or ``modelled``) and ``top_k``."""
+    ``tool_time`` (``measured`` by default, or ``modelled``) and ``top_k``; ``mix`` =
+    ``"partial-overlap"`` draws Table 1's mix instead (:mod:`workloads.subagent.mix`)."""
 
     name = "subagent"
     template = TEMPLATE
 
-    def __init__(self, tool_time: str = "measured", top_k: int = DEFAULT_TOP_K) -> None:
+    def __init__(self, tool_time: str = "measured", top_k: int = DEFAULT_TOP_K,
+                 mix: str | None = None) -> None:
+        if mix not in (None, "partial-overlap"):
+            raise ConfigError(f"subagent mix {mix!r}: choose 'partial-overlap' or none")
+        self.mix = mix
         if tool_time not in TOOL_TIMES:
             raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
         if not 1 <= top_k <= MAX_K:
@@ -99,12 +105,17 @@ class SubAgentWorkload(Workload):
         pool = self.records(data, split)
         if not pool and n:
             raise DataError(f"subagent: the {split} split of {data.data_dir} has no questions")
+        if self.mix == "partial-overlap":
+            train = self.records(data, "train" if split == "test" else "test")
+            stream = partial_overlap_mix(pool, train, n, seed)
+        else:
+            stream = [(r, "") for r in draw(pool, n, seed)]
         return [
             SubAgentRequest(
-                f"subagent-{i:05d}-{r.id}",
+                f"subagent-{i:05d}-{category + '-' if category else ''}{r.id}",
                 r,
                 RetrieveTool(loaded.index, self.tool_time),
                 self.top_k,
             )
-            for i, r in enumerate(draw(pool, n, seed))
+            for i, (r, category) in enumerate(stream)
         ]
