@@ -1,0 +1,67 @@
+"""C3, the load-priced admission gate: pure, synchronous, clock-free.
+
+* :mod:`~dynbranch.gate.beta` — Beta posteriors and Bayes-UCB quantiles;
+* :mod:`~dynbranch.gate.load` — the load view, its budget and its causal envelope (eq. 3);
+* :mod:`~dynbranch.gate.price` — the contention price ``C_s(V)`` from the roofline;
+* :mod:`~dynbranch.gate.returns` — Action 0's per-coordinate return (eq. 4);
+* :mod:`~dynbranch.gate.reservations` — atomic KV reservations and their receipts;
+* :mod:`~dynbranch.gate.policy` — ``priced`` and ``fixed_threshold``;
+* :mod:`~dynbranch.gate.gate` — the :class:`Gate` (Actions 0 and 1, eq. 5, greedy).
+
+:mod:`dynbranch.gate.calibrate` fits the price against the sim engine; it drives the engine
+and is therefore not imported here.
+"""
+
+from dynbranch.gate.beta import (
+    BetaPosterior,
+    bayes_ucb_level,
+    beta_quantile,
+    betainc,
+    betaincc,
+)
+from dynbranch.gate.gate import (
+    ADMITTED,
+    AUDIT,
+    FANOUT,
+    NO_KV,
+    REASONS,
+    Admission,
+    Candidate,
+    Gate,
+    GateConfig,
+)
+from dynbranch.gate.load import LoadBudget, LoadEnvelope, LoadView
+from dynbranch.gate.policy import BELOW_THRESHOLD, NEGATIVE_UTILITY, POLICIES
+from dynbranch.gate.price import ContentionModel, FillShape
+from dynbranch.gate.reservations import KvLedger, Reservation, ReservationError
+from dynbranch.gate.returns import BranchReturn, GenerationDecision
+
+__all__ = [
+    "ADMITTED",
+    "AUDIT",
+    "BELOW_THRESHOLD",
+    "FANOUT",
+    "NEGATIVE_UTILITY",
+    "NO_KV",
+    "POLICIES",
+    "REASONS",
+    "Admission",
+    "BetaPosterior",
+    "BranchReturn",
+    "Candidate",
+    "ContentionModel",
+    "FillShape",
+    "Gate",
+    "GateConfig",
+    "GenerationDecision",
+    "KvLedger",
+    "LoadBudget",
+    "LoadEnvelope",
+    "LoadView",
+    "Reservation",
+    "ReservationError",
+    "bayes_ucb_level",
+    "beta_quantile",
+    "betainc",
+    "betaincc",
+]

@@ -1,0 +1,125 @@
+"""Atomic KV reservations for fills: a ledger that hands out receipts and takes them back.
+
+A fill may start only with a :class:`Reservation` for the KV blocks it will allocate; the
+ledger never lets the reserved total exceed its capacity (a reservation that does not fit
+is refused whole, never granted in part). Releasing consumes the receipt: releasing the
+same receipt again is a harmless no-op, while a receipt the ledger did not issue in that
+form (another ledger's, a forged or edited copy) is an error.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dynbranch.errors import DynBranchError
+
+RECENTLY_RELEASED = 4096
+"""Released receipts remembered to catch a *different* receipt released under their id."""
+
+
+class ReservationError(DynBranchError):
+    """A receipt released that this ledger did not issue in that form."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The receipt for ``blocks`` KV blocks reserved for one fill."""
+
+    ledger: str
+    reservation_id: int
+    coordinate: str
+    candidate: str
+    blocks: int
+    reserved_at: float
+
+
+class KvLedger:
+    """Speculative KV blocks reserved against a fixed capacity."""
+
+    def __init__(self, name: str, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"ledger capacity must be >= 0 blocks, got {capacity}")
+        self.name, self.capacity = name, capacity
+        self.reserved = 0
+        self._next_id = 0
+        self._outstanding: dict[int, Reservation] = {}
+        self._released: OrderedDict[int, Reservation] = OrderedDict()
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.reserved
+
+    @property
+    def held(self) -> int:
+        """How many receipts are outstanding."""
+        return len(self._outstanding)
+
+    @property
+    def outstanding(self) -> list[Reservation]:
+        """Receipts not yet released, oldest first."""
+        return list(self._outstanding.values())
+
+    def try_reserve(
+        self, coordinate: str, candidate: str, blocks: int, now: float
+    ) -> Reservation | None:
+        """Reserve ``blocks`` blocks, or return None (and reserve nothing) if they do not fit."""
+        if blocks < 0:
+            raise ValueError(f"cannot reserve {blocks} blocks for {candidate!r}")
+        if blocks > self.free:
+            return None
+        receipt = Reservation(self.name, self._next_id, coordinate, candidate, blocks, now)
+        self._next_id += 1
+        self._outstanding[receipt.reservation_id] = receipt
+        self.reserved += blocks
+        return receipt
+
+    def release(self, receipt: Reservation) -> bool:
+        """Free the receipt's blocks; True if they were held, False if already released."""
+        rid = receipt.reservation_id
+        if receipt.ledger != self.name or not 0 <= rid < self._next_id:
+            raise ReservationError(
+                f"ledger {self.name!r} never issued reservation {rid} "
+                f"(receipt from ledger {receipt.ledger!r})"
+            )
+        held = self._outstanding.get(rid)
+        if held is None:
+            earlier = self._released.get(rid)
+            if earlier is not None and earlier != receipt:
+                raise ReservationError(
+                    f"reservation {rid} was released as {earlier}, not {receipt}"
+                )
+            return False  # NOTE: idempotent: a fill ending twice must not free blocks twice
+        if held != receipt:
+            raise ReservationError(f"reservation {rid} is {held}, not {receipt}")
+        del self._outstanding[rid]
+        self.reserved -= receipt.blocks
+        self._released[rid] = receipt
+        if len(self._released) > RECENTLY_RELEASED:
+            self._released.popitem(last=False)
+        return True
+
+    # -- serialisation ---------------------------------------------------------------------
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "capacity": self.capacity,
+            "next_id": self._next_id,
+            "outstanding": [asdict(r) for r in self._outstanding.values()],
+            "released": [asdict(r) for r in self._released.values()],
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> KvLedger:
+        ledger = cls(state["name"], state["capacity"])
+        ledger._next_id = state["next_id"]
+        for r in state["outstanding"]:
+            receipt = Reservation(**r)
+            ledger._outstanding[receipt.reservation_id] = receipt
+            ledger.reserved += receipt.blocks
+        for r in state["released"]:
+            receipt = Reservation(**r)
+            ledger._released[receipt.reservation_id] = receipt
+        return ledger

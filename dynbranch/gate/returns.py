@@ -1,0 +1,81 @@
+"""Action 0's learning target: one aggregate return per branch entry (DESIGN.md §3, eq. 4).
+
+``R_b = sum of consumed fills' saved execution - setup - cost of the fills enabled - waits``
+arrives once per branch entry, after the branch settles. Per branch coordinate we keep the
+count, mean and sum of squared deviations of those returns (Welford) and read an
+optimistic estimate: the mean plus a UCB bonus ``sd * sqrt(2 ln t / n)`` over ``n``
+returns and ``t`` entries. One bonus per coordinate, never one per candidate: summing
+optimism over mutually exclusive candidates would overvalue the branch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BranchReturn:
+    """One settled branch entry's full-path return, in milliseconds.
+
+    ``saved_ms``: execution the consumed fills saved after C1 lookup (``sum G^Δ``);
+    ``setup_ms``: prediction and expansion time; ``fill_cost_ms``: the cost of the fills
+    the entry enabled (engine time or their contention price); ``wait_ms``: expired or
+    uncovered waits.
+    """
+
+    saved_ms: float
+    setup_ms: float = 0.0
+    fill_cost_ms: float = 0.0
+    wait_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not math.isfinite(value):
+                raise ValueError(f"BranchReturn.{name} must be finite, got {value!r}")
+
+    @property
+    def value_ms(self) -> float:
+        return self.saved_ms - self.setup_ms - self.fill_cost_ms - self.wait_ms
+
+
+@dataclass(frozen=True)
+class GenerationDecision:
+    """Action 0's answer for one branch entry: run the predictor or not."""
+
+    open: bool
+    estimate: float  # the optimistic return estimate (ms; +inf for an unseen coordinate)
+    audit: bool = False  # opened only because a seeded audit drew it
+
+
+@dataclass
+class ReturnStats:
+    """Returns seen at one branch coordinate, and how often it was entered."""
+
+    entries: int = 0  # branch entries (generation decisions), t
+    n: int = 0  # settled returns
+    mean: float = 0.0
+    m2: float = 0.0  # sum of squared deviations from the mean
+
+    def add(self, value: float) -> None:
+        """Welford's update with one return."""
+        self.n += 1
+        delta = value - self.mean
+        self.mean += delta / self.n
+        self.m2 += delta * (value - self.mean)
+
+    def optimistic(self, prior_scale_ms: float) -> float:
+        """Mean plus a UCB bonus; +inf before any return (new coordinates start open).
+
+        NOTE: the spread blends in one pseudo-observation of ``prior_scale_ms`` so that a
+        coordinate with a few identical returns still gets a finite, nonzero bonus.
+        """
+        if self.n == 0:
+            return math.inf
+        sd = math.sqrt((self.m2 + prior_scale_ms**2) / (self.n + 1))
+        t = max(self.entries, self.n, 2)
+        return self.mean + sd * math.sqrt(2.0 * math.log(t) / self.n)
+
+    def to_state(self) -> dict[str, Any]:
+        return asdict(self)
