@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dynbranch.baselines import helium_arm, instcache_arm
+from dynbranch.baselines import dsp_arm, helium_arm, instcache_arm, parrot_arm, spagent_arm
 from dynbranch.errors import NotBuiltError, UnknownNameError
 from dynbranch.hooks import BranchHook, NoReuse, NoSpeculation, ReuseHook, RunContext
 from dynbranch.placement import PlacementPolicy, SessionAffinity
@@ -44,11 +44,28 @@ def _c2_reuse(run: RunContext) -> ReuseHook:
 
 
 def _speculator(run: RunContext, reuse: ReuseHook) -> BranchHook:
+    """C2 with C3: the workload's predictor, fills admitted by the load-priced gate.
+
+    ``run.options["gate"]``: ``priced`` (default), ``fixed-threshold`` (Action 0 always
+    open, Action 1 admits when p̃ > ``p_star``, unpriced: for attribution) or ``topk``
+    (no gate: the ``fanout`` best-ranked candidates).
+    """
+    from dynbranch.engines.profile import load_profile
     from dynbranch.predictors import make_predictor
+    from dynbranch.pricing import PricedPolicy
     from dynbranch.speculation import Speculator, TopK
 
     predictor = make_predictor(run.options.get("predictor", "frequency"))
-    return Speculator(run, predictor, TopK(int(run.options.get("fanout", 2))))
+    fanout = int(run.options.get("fanout", 2))
+    gate = run.options.get("gate", "priced")
+    if gate == "topk":
+        return Speculator(run, predictor, TopK(fanout))
+    policy = PricedPolicy.for_run(
+        run, fanout=fanout, engines=int(run.options.get("workers", 1)),
+        profile=load_profile(run.options.get("profile", "qwen3-32b@h200")),
+        policy="fixed_threshold" if gate == "fixed-threshold" else "priced",
+        p_star=float(run.options.get("p_star", 0.5)), seed=int(run.options.get("seed", 0)))
+    return Speculator(run, predictor, policy)
 
 
 BUILT: dict[str, Arm] = {
@@ -62,9 +79,12 @@ BUILT: dict[str, Arm] = {
                 SessionAffinity),
     "instcache": instcache_arm(SessionAffinity),  # the floor's placement: only hits change
     "helium": helium_arm(),
+    "parrot": parrot_arm(),
+    "dsp": dsp_arm(),
+    "spagent": spagent_arm(),
 }
 
-PLANNED = ("parrot", "dsp", "spagent")
+PLANNED: tuple[str, ...] = ()
 
 
 def get_arm(name: str) -> Arm:

@@ -53,6 +53,7 @@ class Fill:
     names: list[str] = field(default_factory=list)  # reuse names it claimed (shadows)
     stages: int = 0
     engine_s: float = 0.0
+    tokens: list[tuple[int, int]] = field(default_factory=list)  # (uncached prompt, output)
     consumed: bool = False
     state: str = "running"  # running | done | stopped | cancelled | failed
     ended_at: float | None = None
@@ -183,6 +184,8 @@ class FillContext:
             row.prompt_tokens, row.output_tokens = result.prompt_tokens, result.output_tokens
             row.cached_prompt_tokens, row.engine_s = result.cached_prompt_tokens, result.engine_s
             self._fill.engine_s += result.engine_s
+            self._fill.tokens.append((result.prompt_tokens - result.cached_prompt_tokens,
+                                      result.output_tokens))
             return StageOutcome(result.text, {}, {}, client.engine_id, row.duration)
 
         return await self._run(call, execute)

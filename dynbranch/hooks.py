@@ -150,6 +150,9 @@ class BranchHook:
         """Counters for the run's summary (fills issued, consumed, discarded, …)."""
         return {}
 
+    def close(self) -> None:
+        """The run is over: stop background work (probes); nothing else happens after."""
+
 
 def NoReuse(run: RunContext) -> ReuseHook:  # noqa: N802 - a factory named like the hook
     """The floor's reuse hook: nothing is served or recorded."""

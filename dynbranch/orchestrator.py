@@ -98,6 +98,7 @@ class Orchestrator:
 
     async def finish_run(self) -> dict[str, Any]:
         """Collect the mechanisms' counters and holdings (call before engines shut down)."""
+        self.branch_hook.close()
         self.mechanism_stats = {"reuse": await self.reuse.snapshot(),
                                 "speculation": {**self.branch_hook.stats(),
                                                 "fills": self.fills.stats()}}

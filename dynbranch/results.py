@@ -85,7 +85,7 @@ def write_results(out: Path, summary: Mapping[str, Any], requests: Sequence[Requ
                   stages: Sequence[StageRecord], branches: Sequence[BranchRecord]) -> None:
     """Write every result file of a replay into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_plain) + "\n")
     requests_frame(requests).to_parquet(out / "requests.parquet", index=False)
     stages_frame(stages).to_parquet(out / "stages.parquet", index=False)
     pd.DataFrame([b.row() for b in branches],
@@ -96,6 +96,13 @@ def write_results(out: Path, summary: Mapping[str, Any], requests: Sequence[Requ
                      out / "latency_cdf.png",
                      title=f"{summary['workload']} · {summary['engine']} · "
                            f"{summary['backend']} · λ={summary['rate']}/s")
+
+
+def _plain(value: Any) -> Any:
+    """JSON for numpy scalars and other values a mechanism may report."""
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
 
 
 def requests_frame(requests: Sequence[RequestRecord]) -> pd.DataFrame:

@@ -52,6 +52,15 @@ class FillPolicy(ABC):
     def fill_ended(self, fill: Any) -> None:
         """A fill ended (default: nothing); receipts must be released here."""
 
+    def request_done(self, request_id: str) -> None:
+        """Every fill of the request has ended: learn from its branch entries (default: nothing)."""
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        """Stop background work (default: none)."""
+
 
 class TopK(FillPolicy):
     """Fill the ``fanout`` best-ranked candidates, unpriced."""
@@ -105,6 +114,11 @@ class Speculator(BranchHook):
         for session in self._open.pop(request_id, []):
             for fill in session.fills:
                 self.policy.fill_ended(fill)
+        self.policy.request_done(request_id)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.counts, "policy": self.policy.name, "predictor": self.predictor.name}
+        return {**self.counts, "policy": self.policy.name, "predictor": self.predictor.name,
+                **self.policy.stats()}
+
+    def close(self) -> None:
+        self.policy.close()

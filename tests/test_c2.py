@@ -13,7 +13,7 @@ from tests.shared_kv import SharedKV
 from tests.toy import KEYS, ToyRequest
 
 
-def run(arm, requests, *, fanout=3, workers=2, spacing=0.0):
+def run(arm, requests, *, fanout=3, workers=2, spacing=0.0, gate="topk"):
     clock = VirtualClock()
     backend = LocalBackend(clock, {"target": EngineSpec("sim", "qwen3-8b@rtx4090", workers)})
 
@@ -21,7 +21,9 @@ def run(arm, requests, *, fanout=3, workers=2, spacing=0.0):
         await backend.start()
         try:
             ctx = RunContext(clock=clock, arm=arm, models=backend.models(),
-                             options={"fanout": fanout, "predictor": "frequency"},
+                             options={"fanout": fanout, "predictor": "frequency",
+                                      "gate": gate, "workers": workers,
+                                      "profile": "qwen3-8b@rtx4090"},
                              make_store=lambda: backend.make_store(1 << 26))
             orch = Orchestrator(clock, backend.clients(), get_arm(arm), run=ctx)
             t0 = orch.start_run()
@@ -101,3 +103,19 @@ def test_a_mutating_stage_never_runs_speculatively():
     assert not any(s.speculative and s.kind == "tool" for s in orch.log.stages)
     assert kv.version == 1  # only the canonical call wrote
     assert orch.mechanism_stats["speculation"]["fills"]["stopped"] == 3
+
+
+def test_the_priced_gate_admits_less_under_load_and_leaks_no_reservation():
+    light, orch_light, _ = run("c2", [ToyRequest(i, context_words=600) for i in range(4)],
+                               gate="priced", spacing=3.0)
+    heavy, orch_heavy, _ = run("c2", [ToyRequest(i, context_words=600) for i in range(48)],
+                               gate="priced", workers=1, spacing=0.01)
+    assert all(r.status == "completed" and r.correct == 1.0 for r in light + heavy)
+    per_request = []
+    for orch, n in ((orch_light, 4), (orch_heavy, 48)):
+        spec = orch.mechanism_stats["speculation"]
+        assert spec["reserved_blocks"] == 0 and spec["fills"]["running"] == 0
+        assert spec["gate"]["released"] == spec["gate"]["admitted"] + spec["gate"]["audit"]
+        per_request.append(spec["fills"]["issued"] / n)
+    assert per_request[1] < per_request[0]
+    assert unsafe_splices(orch_heavy.log.stages) == []

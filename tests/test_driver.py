@@ -12,7 +12,6 @@ from dynbranch.errors import (
     ConfigError,
     DataMissingError,
     MalformedRecordError,
-    NotBuiltError,
     UnknownNameError,
 )
 from dynbranch.results import SUMMARY_FIELDS
@@ -61,9 +60,9 @@ def test_same_seed_on_the_virtual_clock_gives_an_identical_stage_log(tmp_path):
 
 @pytest.mark.parametrize("kw,error,match", [
     ({"workload": "chess"}, UnknownNameError, "known workloads: .*routing"),
-    ({"arm": "spagent"}, NotBuiltError, "arm 'spagent' is part of the design but not built yet; built arms: c1, c2, floor, full, helium, instcache"),
+    ({"arm": "magic"}, UnknownNameError, "known arms: c1, c2, dsp, floor, full, helium, instcache, parrot, spagent"),
     ({"arm": "magic"}, UnknownNameError, "unknown arm 'magic'"),
-    ({"engine": "vllm"}, NotBuiltError, "built engines: hf, sim, zero"),
+    ({"engine": "tpu"}, UnknownNameError, "unknown engine 'tpu'"),
     ({"backend": "ray", "clock": "virtual"}, ConfigError, "virtual clock runs in one process"),
     ({"requests": 0}, ConfigError, "--requests >= 1"),
 ])
@@ -98,5 +97,5 @@ def test_cli_prints_one_line_and_exits_2_on_bad_input(capsys):
     assert main(["replay", "--workload", "chess", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dynbranch: error: unknown workload 'chess'") and err.count("\n") == 1
-    assert main(["experiment", "table1"]) == 2
-    assert "not built yet" in capsys.readouterr().err
+    assert main(["experiment", "fig99"]) == 2
+    assert "unknown experiment 'fig99'" in capsys.readouterr().err

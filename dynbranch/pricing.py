@@ -1,0 +1,222 @@
+"""C3 in the orchestrator: the load-priced fill policy that drives the gate.
+
+:class:`PricedPolicy` is the :class:`~dynbranch.speculation.FillPolicy` of the ``c2`` and
+``full`` arms. Per branch entry it asks the gate's Action 0 whether to predict at all, turns
+the predictor's ranking into priced :class:`~dynbranch.gate.Candidate` s (expected saving
+``Ĝ`` in ms, fill shape, KV blocks), and starts the fills Action 1 admits with their atomic
+KV reservations. It learns what the gate needs online, from what the run measures:
+
+* ``Ĝ`` = min(branch resolution time, fill execution time) per decision stage (eq. 2), as
+  exponentially weighted means of observed branch windows and completed fills;
+* fill shapes from the token counts of past speculative stages;
+* the load envelope (eq. 3) from every engine's load snapshot, read at each branch and by a
+  periodic probe that keeps it current while gates are closed.
+
+At the end of each request it reports, per branch entry, whether each ranked candidate was
+selected and whether its fill was used in time (the rank and usability posteriors), settles
+one aggregate return per entry (Action 0), and releases every reservation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynbranch.gate import (
+    BranchReturn,
+    Candidate,
+    ContentionModel,
+    FillShape,
+    Gate,
+    GateConfig,
+    LoadBudget,
+    LoadEnvelope,
+    LoadView,
+)
+from dynbranch.hooks import BranchSession, RunContext
+from dynbranch.speculation import FillChoice, FillPolicy
+
+PROBE_S = 0.05
+"""Period of the load probe, in seconds on the run clock."""
+PRIOR_GAIN_MS = 500.0
+"""Optimistic saving assumed for a decision stage before anything was measured there."""
+PRIOR_SHAPE = FillShape(prompt_tokens=512, output_tokens=64)
+
+
+class _Ewma:
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha, self.value = alpha, None
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+
+
+@dataclass
+class _Entry:
+    """One branch entry the gate decided on, until its request is done."""
+
+    session: BranchSession
+    stage_key: str
+    ranked: list[str] = field(default_factory=list)
+    admitted: dict[str, Any] = field(default_factory=dict)  # candidate -> Admission
+    chosen: tuple[str, ...] = ()
+    resolved_after_s: float | None = None
+
+
+class PricedPolicy(FillPolicy):
+    """Action 0 and Action 1 of C3 around one :class:`~dynbranch.gate.Gate`."""
+
+    name = "priced"
+
+    def __init__(self, run: RunContext, gate: Gate, budget: LoadBudget,
+                 window_s: float = 2.0) -> None:
+        self.run, self.gate, self.budget = run, gate, budget
+        self.name = gate.policy
+        self.envelope = LoadEnvelope(window_s)
+        self._window: dict[str, _Ewma] = {}
+        self._exec: dict[str, _Ewma] = {}
+        self._tokens: dict[str, tuple[_Ewma, _Ewma]] = {}
+        self._entries: dict[str, list[_Entry]] = {}
+        self._probe: asyncio.Task | None = None
+        self.counts = {"entries": 0, "opened": 0, "admitted": 0, "refused": 0, "audits": 0}
+
+    @classmethod
+    def for_run(cls, run: RunContext, *, fanout: int, engines: int, profile,
+                policy: str = "priced", p_star: float = 0.5, seed: int = 0) -> PricedPolicy:
+        budget = LoadBudget.from_profile(profile, engines=engines)
+        model = ContentionModel.from_profile(profile, budget)
+        gate = Gate(model, GateConfig(policy=policy, p_star=p_star, fanout=fanout, seed=seed))
+        return cls(run, gate, budget)
+
+    # -- Action 0 -------------------------------------------------------------------------
+
+    def generation(self, session: BranchSession) -> bool:
+        self._start_probe(session)
+        self.counts["entries"] += 1
+        decision = self.gate.generation(str(session.point.coordinate), session.now())
+        if decision.open:
+            self.counts["opened"] += 1
+            self._entries.setdefault(session.request_id, []).append(
+                _Entry(session, _stage_key(session)))
+        return decision.open
+
+    # -- Action 1 -------------------------------------------------------------------------
+
+    async def choose(self, session: BranchSession, ranked: Sequence[str]) -> list[FillChoice]:
+        entry = self._entry(session)
+        entry.ranked = list(ranked)
+        await self._observe_load(session)
+        now = session.now()
+        candidates = [self._candidate(entry.stage_key, name, rank)
+                      for rank, name in enumerate(ranked)]
+        admissions = self.gate.admit(str(session.point.coordinate), candidates,
+                                     self.envelope.priced(now), now)
+        choices = []
+        for a in admissions:
+            if a.admitted:
+                entry.admitted[a.candidate] = a
+                self.counts["audits" if a.audit else "admitted"] += 1
+                choices.append(FillChoice(a.candidate, a.rank, a.reservation))
+            else:
+                self.counts["refused"] += 1
+        return choices
+
+    def _candidate(self, stage_key: str, name: str, rank: int) -> Candidate:
+        shape = self._shape(stage_key)
+        return Candidate(name, rank, stage_key, self._gain_ms(stage_key), shape,
+                         shape.kv_blocks(self.budget.block_size))
+
+    def _gain_ms(self, stage_key: str) -> float:
+        window = self._window.get(stage_key)
+        exec_ = self._exec.get(stage_key)
+        if window is None or window.value is None or exec_ is None or exec_.value is None:
+            return PRIOR_GAIN_MS
+        return 1e3 * min(window.value, exec_.value)  # eq. 2's min(T_gen, T_exec)
+
+    def _shape(self, stage_key: str) -> FillShape:
+        prompt, output = self._tokens.get(stage_key, (None, None))
+        if prompt is None or prompt.value is None:
+            return PRIOR_SHAPE
+        return FillShape(max(1, int(prompt.value)), max(1, int(output.value)))
+
+    # -- learning -------------------------------------------------------------------------
+
+    def settled(self, session: BranchSession, chosen: tuple[str, ...]) -> None:
+        entry = self._entry(session, create=False)
+        elapsed = session.now() - session.opened_at
+        self._window.setdefault(_stage_key(session), _Ewma()).add(elapsed)
+        if entry is not None:
+            entry.chosen, entry.resolved_after_s = chosen, elapsed
+
+    def fill_ended(self, fill: Any) -> None:
+        if fill.reservation is not None:
+            self.gate.release(fill.reservation)
+
+    def request_done(self, request_id: str) -> None:
+        """Teach the gate what each entry of the finished request turned out to be."""
+        for entry in self._entries.pop(request_id, []):
+            self._settle(entry)
+
+    def _settle(self, entry: _Entry) -> None:
+        fills = {f.candidate: f for f in entry.session.fills}
+        saved = cost = 0.0
+        for rank, name in enumerate(entry.ranked):
+            fill = fills.get(name)
+            selected = name in entry.chosen
+            usable = fill.consumed if (fill is not None and selected) else None
+            self.gate.observe(entry.stage_key, rank, selected=selected, usable=usable)
+            if fill is not None and fill.ended_at is not None and fill.state == "done":
+                self._exec.setdefault(entry.stage_key, _Ewma()).add(
+                    fill.ended_at - fill.started_at)
+            if fill is not None and fill.tokens:
+                prompt, output = self._tokens.setdefault(entry.stage_key, (_Ewma(), _Ewma()))
+                prompt.add(sum(p for p, _ in fill.tokens))
+                output.add(sum(o for _, o in fill.tokens))
+            admission = entry.admitted.get(name)
+            if admission is not None:
+                cost += admission.price_ms
+                if fill is not None and fill.consumed:
+                    saved += admission.gain_ms
+        self.gate.settle(str(entry.session.point.coordinate),
+                         BranchReturn(saved_ms=saved, fill_cost_ms=cost))
+
+    # -- load -----------------------------------------------------------------------------
+
+    async def _observe_load(self, session: BranchSession) -> None:
+        snapshots = await session.loads()
+        self.envelope.observe(LoadView.from_snapshots(snapshots, self.budget), session.now())
+
+    def _start_probe(self, session: BranchSession) -> None:
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._probe_loop(session))
+
+    async def _probe_loop(self, session: BranchSession) -> None:
+        # NOTE: any session's accessors read the whole pool; the probe outlives its session.
+        while True:
+            await self._observe_load(session)
+            await self.run.clock.sleep(PROBE_S)
+
+    def _entry(self, session: BranchSession, create: bool = True) -> _Entry | None:
+        for entry in self._entries.get(session.request_id, []):
+            if entry.session is session:
+                return entry
+        if not create:
+            return None
+        entry = _Entry(session, _stage_key(session))
+        self._entries.setdefault(session.request_id, []).append(entry)
+        return entry
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.counts, "reserved_blocks": self.gate.reserved_blocks,
+                "gate": dict(self.gate.counters)}
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+
+
+def _stage_key(session: BranchSession) -> str:
+    c = session.point.coordinate
+    return f"{c.workflow}/{c.stage}"
