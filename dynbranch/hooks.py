@@ -150,6 +150,10 @@ class BranchHook:
         """Counters for the run's summary (fills issued, consumed, discarded, …)."""
         return {}
 
+    async def snapshot(self) -> dict[str, Any]:
+        """Counters plus what the mechanism holds at the end of a run (before shutdown)."""
+        return self.stats()
+
     def close(self) -> None:
         """The run is over: stop background work (probes); nothing else happens after."""
 

@@ -100,7 +100,7 @@ class Orchestrator:
         """Collect the mechanisms' counters and holdings (call before engines shut down)."""
         self.branch_hook.close()
         self.mechanism_stats = {"reuse": await self.reuse.snapshot(),
-                                "speculation": {**self.branch_hook.stats(),
+                                "speculation": {**await self.branch_hook.snapshot(),
                                                 "fills": self.fills.stats()}}
         return self.mechanism_stats
 

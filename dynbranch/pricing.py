@@ -35,6 +35,7 @@ from dynbranch.gate import (
     LoadEnvelope,
     LoadView,
 )
+from dynbranch.gate.client import GateClient, LocalGateClient
 from dynbranch.hooks import BranchSession, RunContext
 from dynbranch.speculation import FillChoice, FillPolicy
 
@@ -70,7 +71,7 @@ class PricedPolicy(FillPolicy):
 
     name = "priced"
 
-    def __init__(self, run: RunContext, gate: Gate, budget: LoadBudget,
+    def __init__(self, run: RunContext, gate: GateClient, budget: LoadBudget,
                  window_s: float = 2.0) -> None:
         self.run, self.gate, self.budget = run, gate, budget
         self.name = gate.policy
@@ -85,17 +86,20 @@ class PricedPolicy(FillPolicy):
     @classmethod
     def for_run(cls, run: RunContext, *, fanout: int, engines: int, profile,
                 policy: str = "priced", p_star: float = 0.5, seed: int = 0) -> PricedPolicy:
+        """A policy over a new gate: in process, or the backend's central gate if it has one."""
         budget = LoadBudget.from_profile(profile, engines=engines)
         model = ContentionModel.from_profile(profile, budget)
-        gate = Gate(model, GateConfig(policy=policy, p_star=p_star, fanout=fanout, seed=seed))
-        return cls(run, gate, budget)
+        config = GateConfig(policy=policy, p_star=p_star, fanout=fanout, seed=seed)
+        make_gate = run.options.get("make_gate")
+        client = make_gate(model, config) if make_gate else LocalGateClient(Gate(model, config))
+        return cls(run, client, budget)
 
     # -- Action 0 -------------------------------------------------------------------------
 
-    def generation(self, session: BranchSession) -> bool:
+    async def generation(self, session: BranchSession) -> bool:
         self._start_probe(session)
         self.counts["entries"] += 1
-        decision = self.gate.generation(str(session.point.coordinate), session.now())
+        decision = await self.gate.generation(str(session.point.coordinate), session.now())
         if decision.open:
             self.counts["opened"] += 1
             self._entries.setdefault(session.request_id, []).append(
@@ -111,8 +115,8 @@ class PricedPolicy(FillPolicy):
         now = session.now()
         candidates = [self._candidate(entry.stage_key, name, rank)
                       for rank, name in enumerate(ranked)]
-        admissions = self.gate.admit(str(session.point.coordinate), candidates,
-                                     self.envelope.priced(now), now)
+        admissions = await self.gate.admit(str(session.point.coordinate), candidates,
+                                           self.envelope.priced(now), now)
         choices = []
         for a in admissions:
             if a.admitted:
@@ -150,23 +154,27 @@ class PricedPolicy(FillPolicy):
         if entry is not None:
             entry.chosen, entry.resolved_after_s = chosen, elapsed
 
-    def fill_ended(self, fill: Any) -> None:
-        if fill.reservation is not None:
-            self.gate.release(fill.reservation)
-
-    def request_done(self, request_id: str) -> None:
-        """Teach the gate what each entry of the finished request turned out to be."""
+    async def request_done(self, request_id: str, fills: Sequence[Any]) -> None:
+        """Release the request's reservations and teach the gate what each of its branch
+        entries turned out to be (one batched call)."""
+        receipts = [f.reservation for f in fills if f.reservation is not None]
+        if receipts:
+            await self.gate.release(receipts)
+        observations: list[tuple[str, int, bool, bool | None]] = []
+        settlements: list[tuple[str, BranchReturn]] = []
         for entry in self._entries.pop(request_id, []):
-            self._settle(entry)
+            settlements.append(self._settle(entry, observations))
+        if observations or settlements:
+            await self.gate.learn(observations, settlements)
 
-    def _settle(self, entry: _Entry) -> None:
+    def _settle(self, entry: _Entry, observations: list) -> tuple[str, BranchReturn]:
         fills = {f.candidate: f for f in entry.session.fills}
         saved = cost = 0.0
         for rank, name in enumerate(entry.ranked):
             fill = fills.get(name)
             selected = name in entry.chosen
             usable = fill.consumed if (fill is not None and selected) else None
-            self.gate.observe(entry.stage_key, rank, selected=selected, usable=usable)
+            observations.append((entry.stage_key, rank, selected, usable))
             if fill is not None and fill.ended_at is not None and fill.state == "done":
                 self._exec.setdefault(entry.stage_key, _Ewma()).add(
                     fill.ended_at - fill.started_at)
@@ -179,8 +187,8 @@ class PricedPolicy(FillPolicy):
                 cost += admission.price_ms
                 if fill is not None and fill.consumed:
                     saved += admission.gain_ms
-        self.gate.settle(str(entry.session.point.coordinate),
-                         BranchReturn(saved_ms=saved, fill_cost_ms=cost))
+        return (str(entry.session.point.coordinate),
+                BranchReturn(saved_ms=saved, fill_cost_ms=cost))
 
     # -- load -----------------------------------------------------------------------------
 
@@ -209,8 +217,11 @@ class PricedPolicy(FillPolicy):
         return entry
 
     def stats(self) -> dict[str, Any]:
-        return {**self.counts, "reserved_blocks": self.gate.reserved_blocks,
-                "gate": dict(self.gate.counters)}
+        return dict(self.counts)
+
+    async def snapshot(self) -> dict[str, Any]:
+        gate = await self.gate.stats()
+        return {**self.counts, "reserved_blocks": gate.pop("reserved_blocks", 0), "gate": gate}
 
     def close(self) -> None:
         if self._probe is not None:

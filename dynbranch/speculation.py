@@ -38,7 +38,7 @@ class FillPolicy(ABC):
 
     name: str
 
-    def generation(self, session: BranchSession) -> bool:
+    async def generation(self, session: BranchSession) -> bool:
         """Action 0: run the predictor for this branch at all (default: always)."""
         return True
 
@@ -49,14 +49,16 @@ class FillPolicy(ABC):
     def settled(self, session: BranchSession, chosen: tuple[str, ...]) -> None:
         """The branch resolved: learn from it (default: nothing)."""
 
-    def fill_ended(self, fill: Any) -> None:
-        """A fill ended (default: nothing); receipts must be released here."""
-
-    def request_done(self, request_id: str) -> None:
-        """Every fill of the request has ended: learn from its branch entries (default: nothing)."""
+    async def request_done(self, request_id: str, fills: Sequence[Any]) -> None:
+        """Every fill of the request has ended: release their receipts and learn from the
+        request's branch entries (default: nothing)."""
 
     def stats(self) -> dict[str, Any]:
         return {}
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Counters plus what the policy holds at the end of a run."""
+        return self.stats()
 
     def close(self) -> None:
         """Stop background work (default: none)."""
@@ -90,7 +92,7 @@ class Speculator(BranchHook):
     async def opened(self, session: BranchSession) -> None:
         self.counts["branches"] += 1
         self._open.setdefault(session.request_id, []).append(session)
-        if not self.policy.generation(session):
+        if not await self.policy.generation(session):
             return
         self.counts["generated"] += 1
         ctx = BranchContext.of(session.request_id, session.point)
@@ -111,14 +113,15 @@ class Speculator(BranchHook):
         self.policy.settled(session, chosen)
 
     async def request_done(self, request_id: str) -> None:
-        for session in self._open.pop(request_id, []):
-            for fill in session.fills:
-                self.policy.fill_ended(fill)
-        self.policy.request_done(request_id)
+        fills = [f for s in self._open.pop(request_id, []) for f in s.fills]
+        await self.policy.request_done(request_id, fills)
 
     def stats(self) -> dict[str, Any]:
         return {**self.counts, "policy": self.policy.name, "predictor": self.predictor.name,
                 **self.policy.stats()}
+
+    async def snapshot(self) -> dict[str, Any]:
+        return {**self.stats(), **await self.policy.snapshot()}
 
     def close(self) -> None:
         self.policy.close()

@@ -323,7 +323,7 @@ class DSPPolicy(FillPolicy):
         self.learner = DepthLearner(config)
         self._planned: dict[int, int] = {}  # id(session) -> k, until its fills are tracked
 
-    def generation(self, session: BranchSession) -> bool:
+    async def generation(self, session: BranchSession) -> bool:
         k = self.learner.plan(stage_key(session.point.coordinate))
         self._planned[id(session)] = k
         return k > 0
@@ -335,11 +335,12 @@ class DSPPolicy(FillPolicy):
         """The ``k`` planned for ``session`` (once)."""
         return self._planned.pop(id(session), 0)
 
-    def fill_ended(self, fill: Any) -> None:
-        """The request ended: turn the fill's trace into per-depth outcomes and learn."""
-        track = self.reuse.untrack(fill.task)
-        if track is not None:
-            self.learner.observe(track.key, self.outcomes(fill.request_id, track))
+    async def request_done(self, request_id: str, fills: Sequence[Any]) -> None:
+        """The request ended: turn each fill's trace into per-depth outcomes and learn."""
+        for fill in fills:
+            track = self.reuse.untrack(fill.task)
+            if track is not None:
+                self.learner.observe(track.key, self.outcomes(fill.request_id, track))
 
     def outcomes(self, request_id: str, track: FillTrack) -> list[DepthOutcome]:
         """Gain and cost of each depth ``1..budget`` of a tracked fill (zeros past where it

@@ -1,0 +1,78 @@
+"""The gate as the fill policy sees it: async, wherever the gate lives.
+
+:class:`LocalGateClient` wraps a :class:`~dynbranch.gate.Gate` in the caller's process (the
+``local`` backend); the Ray backend's central gate actor has a client with the same
+coroutines (``dynbranch.cluster``), so the priced policy runs unchanged on both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from dynbranch.gate.gate import Admission, Candidate, Gate
+from dynbranch.gate.load import LoadView
+from dynbranch.gate.returns import BranchReturn, GenerationDecision
+
+
+class GateClient(ABC):
+    """Async access to one gate's Actions 0 and 1 and its learning."""
+
+    policy: str
+
+    @abstractmethod
+    async def generation(self, coordinate: str, now: float) -> GenerationDecision: ...
+
+    @abstractmethod
+    async def admit(self, coordinate: str, candidates: Sequence[Candidate], view: LoadView,
+                    now: float) -> list[Admission]: ...
+
+    @abstractmethod
+    async def release(self, reservations: Sequence[Any]) -> int:
+        """Release receipts; returns how many were still held."""
+
+    @abstractmethod
+    async def learn(self, observations: Sequence[tuple[str, int, bool, bool | None]],
+                    settlements: Sequence[tuple[str, BranchReturn]]) -> None:
+        """Rank/usability observations and one return per settled branch entry, in one call."""
+
+    @abstractmethod
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None:
+        """Release what the client holds (default: nothing)."""
+
+
+class LocalGateClient(GateClient):
+    """A gate in the caller's own process."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        self.policy = gate.policy
+
+    async def generation(self, coordinate: str, now: float) -> GenerationDecision:
+        return self.gate.generation(coordinate, now)
+
+    async def admit(self, coordinate: str, candidates: Sequence[Candidate], view: LoadView,
+                    now: float) -> list[Admission]:
+        return self.gate.admit(coordinate, list(candidates), view, now)
+
+    async def release(self, reservations: Sequence[Any]) -> int:
+        return sum(self.gate.release(r) for r in reservations)
+
+    async def learn(self, observations: Sequence[tuple[str, int, bool, bool | None]],
+                    settlements: Sequence[tuple[str, BranchReturn]]) -> None:
+        apply_learning(self.gate, observations, settlements)
+
+    async def stats(self) -> dict[str, Any]:
+        return {"reserved_blocks": self.gate.reserved_blocks, **self.gate.counters}
+
+
+def apply_learning(gate: Gate, observations: Sequence[tuple[str, int, bool, bool | None]],
+                   settlements: Sequence[tuple[str, BranchReturn]]) -> None:
+    """Feed a batch of observations and settlements to ``gate`` (shared by every client)."""
+    for stage_key, rank, selected, usable in observations:
+        gate.observe(stage_key, rank, selected=selected, usable=usable)
+    for coordinate, ret in settlements:
+        gate.settle(coordinate, ret)
