@@ -46,9 +46,11 @@ def _c2_reuse(run: RunContext) -> ReuseHook:
 def _speculator(run: RunContext, reuse: ReuseHook) -> BranchHook:
     """C2 with C3: the workload's predictor, fills admitted by the load-priced gate.
 
-    ``run.options["gate"]``: ``priced`` (default), ``fixed-threshold`` (Action 0 always
-    open, Action 1 admits when p̃ > ``p_star``, unpriced: for attribution) or ``topk``
-    (no gate: the ``fanout`` best-ranked candidates).
+    ``run.options["gate"]``: ``priced`` (default: both levels priced), ``topk`` (no gate:
+    the ``fanout`` best-ranked candidates), or one of the attribution variants of Fig. 13:
+    ``fixed-threshold`` (Action 0 off, Action 1 admits when p̃ > ``p_star``),
+    ``priced-a1-only`` (Action 0 off, Action 1 priced), ``priced-a0-fixed`` (Action 0
+    priced, Action 1 fixed at ``p_star``).
     """
     from dynbranch.engines.profile import load_profile
     from dynbranch.predictors import make_predictor
@@ -63,7 +65,7 @@ def _speculator(run: RunContext, reuse: ReuseHook) -> BranchHook:
     policy = PricedPolicy.for_run(
         run, fanout=fanout, engines=int(run.options.get("workers", 1)),
         profile=load_profile(run.options.get("profile", "qwen3-32b@h200")),
-        policy="fixed_threshold" if gate == "fixed-threshold" else "priced",
+        policy=gate.replace("-", "_"),
         p_star=float(run.options.get("p_star", 0.5)), seed=int(run.options.get("seed", 0)))
     return Speculator(run, predictor, policy)
 

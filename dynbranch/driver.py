@@ -29,6 +29,10 @@ from dynbranch.records import RequestRecord
 from dynbranch.workload import DataConfig, RequestInstance, Workload
 
 
+GATES = ("priced", "topk", "fixed-threshold", "priced-a1-only", "priced-a0-fixed")
+"""Fill policies of the C2 arms (see :func:`dynbranch.arms._speculator`)."""
+
+
 @dataclass(frozen=True)
 class ReplayConfig:
     """Every setting of one replay; the CLI maps its flags one to one onto these."""
@@ -92,6 +96,7 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     _check_choice("clock", cfg.clock, CLOCKS)
     _check_choice("arrival process", cfg.arrival, PROCESSES)
     _check_choice("split", cfg.split, ("test", "train"))
+    _check_choice("gate", cfg.gate, GATES)
     _check_engine(cfg.engine)
     _check_model(cfg)
     if cfg.backend == "ray" and cfg.clock == "virtual":

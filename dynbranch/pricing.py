@@ -44,6 +44,8 @@ PROBE_S = 0.05
 PRIOR_GAIN_MS = 500.0
 """Optimistic saving assumed for a decision stage before anything was measured there."""
 PRIOR_SHAPE = FillShape(prompt_tokens=512, output_tokens=64)
+PRICED_RANKS = 2
+"""Candidates priced per branch entry, as a multiple of the fanout."""
 
 
 class _Ewma:
@@ -110,7 +112,10 @@ class PricedPolicy(FillPolicy):
 
     async def choose(self, session: BranchSession, ranked: Sequence[str]) -> list[FillChoice]:
         entry = self._entry(session)
-        entry.ranked = list(ranked)
+        # NOTE: only the predictor's head is priced: deeper ranks are rarely selected, and
+        # every priced candidate is one more chance for a seeded audit to admit it.
+        entry.ranked = list(ranked[: PRICED_RANKS * max(1, self.run.options.get("fanout", 2))])
+        ranked = entry.ranked
         await self._observe_load(session)
         now = session.now()
         candidates = [self._candidate(entry.stage_key, name, rank)

@@ -93,6 +93,7 @@ class LoadSnapshot:
     spec_waiting: int = 0
     spec_kv_blocks: int = 0
     preemptions_total: int = 0
+    busy: float = 0.0  # fraction of the recent window the engine spent executing steps
 
     @property
     def kv_usage(self) -> float:

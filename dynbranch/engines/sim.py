@@ -23,7 +23,7 @@ import bisect
 import contextlib
 import hashlib
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +40,8 @@ from dynbranch.engines.protocol import (
 from dynbranch.engines.tokenizer import encode, pieces
 from dynbranch.errors import EngineError, PromptTooLongError
 
+BUSY_WINDOW_S = 2.0
+"""Window over which :meth:`SimEngine.load` reports utilisation."""
 EOS_TOKEN_ID = 151_645
 """Qwen3's ``<|im_end|>``: the token a chat turn ends on; its step emits no text."""
 
@@ -269,6 +271,8 @@ class SimEngine(Engine):
         self._arrivals = 0
         self._front = 0  # queue keys below every arrival: the front of a priority class
         self._preemptions = 0
+        self._busy: deque[tuple[float, float]] = deque()  # (step end, step seconds)
+        self._busy_s = 0.0
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
@@ -324,7 +328,15 @@ class SimEngine(Engine):
             spec_waiting=sum(1 for s in self._waiting if s.priority >= SPECULATIVE),
             spec_kv_blocks=len({b for s in spec_running for b in s.blocks}),
             preemptions_total=self._preemptions,
+            busy=self._busy_fraction(),
         )
+
+    def _busy_fraction(self) -> float:
+        """Share of the last :data:`BUSY_WINDOW_S` spent in steps (the engine's utilisation)."""
+        horizon = self.clock.now() - BUSY_WINDOW_S
+        while self._busy and self._busy[0][0] < horizon:
+            self._busy_s -= self._busy.popleft()[1]
+        return min(1.0, max(0.0, self._busy_s / BUSY_WINDOW_S))
 
     async def health(self) -> bool:
         return self._loop_task is not None and not self._loop_task.done()
@@ -426,7 +438,10 @@ class SimEngine(Engine):
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                await self.clock.sleep(self.profile.step_cost(plan.work()).total_s)
+                step_s = self.profile.step_cost(plan.work()).total_s
+                await self.clock.sleep(step_s)
+                self._busy.append((self.clock.now(), step_s))
+                self._busy_s += step_s
                 self._apply(plan)
         except Exception as exc:
             # NOTE: a bug in the simulator fails the calls in flight instead of hanging them.

@@ -85,11 +85,17 @@ def _unit(name: str, value: float) -> None:
 
 @dataclass(frozen=True)
 class LoadView:
-    """``V = (o_fill, o_kv, rho)``, each in [0, 1]."""
+    """``V = (o_fill, o_kv, rho)``, each in [0, 1], and the engines' utilisation ``busy``.
+
+    ``busy`` (the share of recent time the engines spent executing steps) completes the
+    canonical-demand pressure: ``rho`` counts sequences, ``busy`` says how close the engines
+    are to saturation, where added work turns into queueing for everything behind it.
+    """
 
     o_fill: float = 0.0
     o_kv: float = 0.0
     rho: float = 0.0
+    busy: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -115,20 +121,23 @@ class LoadView:
             o_fill=_capped(spec / budget.total_fill_slots),
             o_kv=_capped(spec_kv / budget.total_spec_kv_blocks),
             rho=_capped(canonical / budget.total_seq_slots),
+            busy=_capped(sum(s.busy for s in snapshots) / len(snapshots)),
         )
 
     def max(self, other: LoadView) -> LoadView:
         """The per-component maximum of two views."""
         return LoadView(
-            max(self.o_fill, other.o_fill), max(self.o_kv, other.o_kv), max(self.rho, other.rho)
+            max(self.o_fill, other.o_fill), max(self.o_kv, other.o_kv),
+            max(self.rho, other.rho), max(self.busy, other.busy),
         )
 
     def with_fill(self, fill_share: float, kv_share: float) -> LoadView:
         """This view with one more fill's slot and KV shares added (capped at 1)."""
-        return LoadView(_capped(self.o_fill + fill_share), _capped(self.o_kv + kv_share), self.rho)
+        return LoadView(_capped(self.o_fill + fill_share), _capped(self.o_kv + kv_share),
+                        self.rho, self.busy)
 
-    def as_tuple(self) -> tuple[float, float, float]:
-        return (self.o_fill, self.o_kv, self.rho)
+    def as_tuple(self) -> tuple[float, float, float, float]:
+        return (self.o_fill, self.o_kv, self.rho, self.busy)
 
 
 def _capped(x: float) -> float:
@@ -185,7 +194,7 @@ class LoadEnvelope:
         if not (math.isfinite(window_s) and window_s >= 0.0):
             raise ValueError(f"envelope window must be finite and >= 0 s, got {window_s!r}")
         self.window_s = window_s
-        self._parts = tuple(_WindowMax(window_s) for _ in range(3))
+        self._parts = tuple(_WindowMax(window_s) for _ in range(4))
         self._last: float | None = None
 
     def observe(self, view: LoadView, now: float) -> None:

@@ -89,7 +89,31 @@ class FixedThreshold(AdmissionPolicy):
         return Score(0.0, p * gain_ms, p > self.p_star)
 
 
-POLICIES = ("priced", "fixed_threshold")
+class PricedAlwaysOpen(Priced):
+    """Attribution: Action 0 off (the predictor runs at every branch), Action 1 priced."""
+
+    name = "priced_a1_only"
+
+    def generation_open(self, estimate_ms: float) -> bool:
+        return True
+
+
+class FixedWithGeneration(FixedThreshold):
+    """Attribution: Action 0 priced (learned returns), Action 1 a fixed threshold ``p*``."""
+
+    audits = True
+
+    def __init__(self, p_star: float) -> None:
+        super().__init__(p_star)
+        self.name = f"priced_a0_fixed(p*={p_star:g})"
+
+    def generation_open(self, estimate_ms: float) -> bool:
+        return estimate_ms > 0.0
+
+
+POLICIES = ("priced", "fixed_threshold", "priced_a1_only", "priced_a0_fixed")
+"""``priced`` is DynBranch (both levels priced); the other three switch one or both levels
+to their unpriced baseline for Fig. 13's two-level attribution."""
 
 
 def make_policy(name: str, p_star: float = 0.5) -> AdmissionPolicy:
@@ -98,4 +122,8 @@ def make_policy(name: str, p_star: float = 0.5) -> AdmissionPolicy:
         return Priced()
     if name == "fixed_threshold":
         return FixedThreshold(p_star)
+    if name == "priced_a1_only":
+        return PricedAlwaysOpen()
+    if name == "priced_a0_fixed":
+        return FixedWithGeneration(p_star)
     raise UnknownNameError("gate policy", name, list(POLICIES))

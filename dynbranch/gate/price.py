@@ -12,7 +12,8 @@ with ``n`` canonical sequences
   hides under the step's weight-read time.
 
 Every canonical sequence sharing those steps waits that much longer, so the price is
-``n · (decode_steps · Δdecode + Δprefill) · scale`` with ``n = rho · max_num_seqs``.
+``n · (decode_steps · Δdecode + Δprefill) · scale · q(busy)`` with ``n = rho · max_num_seqs``
+and ``q`` the queueing factor of a busy engine (:func:`queueing_factor`).
 ``scale`` is the one factor :mod:`dynbranch.gate.calibrate` fits against the running
 engine.
 
@@ -33,6 +34,23 @@ from typing import Any
 
 from dynbranch.engines.profile import Profile
 from dynbranch.gate.load import LoadBudget, LoadView
+
+BUSY_CAP = 0.95
+"""Utilisation at which the queueing factor stops growing (it is 20 there)."""
+
+
+def queueing_factor(busy: float) -> float:
+    """How much added work is amplified by queueing at engine utilisation ``busy``.
+
+    NOTE: co-residency (what :meth:`ContentionModel.delay_per_canonical_ms` prices and the
+    sim calibration fits) is only the idle-engine part of a fill's cost. As utilisation
+    approaches 1, work added to an engine also delays every request queued behind it; in a
+    single-server queue the mean wait grows as ``1 / (1 - u)`` (the Pollaczek–Khinchine
+    form), so the co-residency price is scaled by that factor, capped at ``BUSY_CAP``. It
+    is 1 on an idle engine, so the calibrated co-residency price is unchanged there.
+    """
+    return 1.0 / (1.0 - min(max(busy, 0.0), BUSY_CAP))
+
 
 DEFAULT_CANONICAL_CONTEXT = 1024
 """Tokens of KV a typical canonical sequence holds mid-decode (agentic prompts are ~1-2k)."""
@@ -193,7 +211,8 @@ class ContentionModel:
         over requests, the quantity mean latency is made of. Zero when no canonical work
         is (or, through the envelope, recently was) present.
         """
-        return self.canonical_sequences(view) * self.delay_per_canonical_ms(fill, view)
+        return (self.canonical_sequences(view) * self.delay_per_canonical_ms(fill, view)
+                * queueing_factor(view.busy))
 
     # -- serialisation -------------------------------------------------------------------------
 
