@@ -5,8 +5,11 @@ consumption rate per rank online. A predictor sees a :class:`BranchContext` buil
 workflow's :class:`~dynbranch.workflow.BranchPoint` and, after the branch resolves, is told
 what was chosen so it can learn for later branches (never for this one).
 
-Built: ``frequency`` (next-stage frequency model over a coordinate's history; Routing, HCI)
-and ``entity`` (entities named in the previous hop's passage; ReAct).
+Built: ``frequency`` (next-stage frequency model over a coordinate's history; Routing, HCI),
+``entity`` (entities named in the previous hop's passage; ReAct) and ``recall`` (earlier
+outcomes of the same decision that the evidence mentions; Sub-Agent); ``drafter`` (a draft
+LM sampled N times, candidates ranked by vote; any workload, drafting on the run's
+``drafter`` engines when it has them).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from dynbranch.predictors.base import BranchContext, Predictor
 PREDICTORS = {
     "frequency": ("dynbranch.predictors.frequency", "FrequencyPredictor"),
     "entity": ("dynbranch.predictors.entity", "EntityRanker"),
+    "recall": ("dynbranch.predictors.recall", "RecallPredictor"),
+    "drafter": ("dynbranch.predictors.drafter", "DrafterPredictor"),
 }
-PLANNED = ("drafter",)
+PLANNED: tuple[str, ...] = ()
 
 
 def make_predictor(name: str, **options) -> Predictor:

@@ -65,6 +65,7 @@ class SubAgentWorkload(Workload):
 
     name = "subagent"
     template = TEMPLATE
+    predictor = "recall"
 
     def __init__(self, tool_time: str = "measured", top_k: int = DEFAULT_TOP_K,
                  mix: str | None = None) -> None:
