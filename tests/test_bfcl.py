@@ -565,18 +565,26 @@ def test_api_exception_becomes_a_recordable_tool_error():
     assert "divide(a=1.0, b=0.0)" in str(err.value)
 
 
-def test_read_set_versions_and_declared_effects():
+def test_read_set_names_the_state_by_lineage_and_declared_effects():
     request, tool = _tool()
     values = request.executor_values
-    key = f"{request.request_id}/GorillaFileSystem"
+    start = request.state.lineage["GorillaFileSystem"]
+    key = f"state:{start}/GorillaFileSystem"
+    before_cd = values("cd(folder='notes')")
     ls = tool.call(values("ls()"))
     assert ls.reads == {key: "0"} and ls.writes == {}
-    cd = tool.call(values("cd(folder='notes')"))
-    assert cd.reads == {key: "0"} and cd.writes == {key: "1"}
-    assert tool.call(values("pwd()")).reads == {key: "1"}
+    cd = tool.call(before_cd)
+    assert cd.reads == {key: "0"} and cd.writes == {}  # a lineage is immutable: no write
+    moved = request.state.lineage["GorillaFileSystem"]
+    assert moved != start
+    assert tool.call(values("pwd()")).reads == {f"state:{moved}/GorillaFileSystem": "0"}
+    assert values("pwd()")["scope"] != before_cd["scope"]  # the rendered input moved too
+    math_lineage = request.state.lineage["MathAPI"]
     assert tool.call(values("mean(numbers=[1.0, 2.0])")).reads == {
-        f"{request.request_id}/MathAPI": "0"
+        f"state:{math_lineage}/MathAPI": "0"
     }
+    again, _ = _tool()  # a second request on the same record starts on the same lineage
+    assert again.state.lineage["GorillaFileSystem"] == start
     assert tool.is_read_only(values("ls(a=True)")) and tool.is_read_only(values("echo('hi')"))
     assert not tool.is_read_only(values("echo(content='hi', file_name='ideas.txt')"))
     assert not tool.is_read_only(values("cd('..')")) and not tool.is_read_only(values("mkdir('x')"))

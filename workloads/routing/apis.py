@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dynbranch.canonical import digest
 from dynbranch.errors import DataMissingError, MalformedRecordError
 from workloads.routing.calls import ParsedCall, to_jsonable
 from workloads.routing.effects import READ_ONLY, declared_read_only
@@ -176,6 +177,12 @@ class ApiState:
     ) -> None:
         self.instances = {c: suite.new_instance(c, initial_config.get(c, {})) for c in classes}
         self.versions = dict.fromkeys(classes, 0)
+        # NOTE: a class's *lineage* names its state as a value: its initial configuration and
+        # every mutating call applied since. Equal lineages are equal states (the APIs are
+        # deterministic; RNG draws are declared mutating), so results computed on one
+        # lineage stay exact for any request whose state has that lineage.
+        self.lineage = {c: digest({"class": c, "config": initial_config.get(c, {})})[:16]
+                        for c in classes}
         self._owner: dict[str, str] = {}
         for cls, instance in self.instances.items():
             for name, _ in inspect.getmembers(instance, inspect.ismethod):
@@ -216,6 +223,8 @@ class ApiState:
                 decimal.setcontext(ctx)
                 if mutating:
                     self.versions[cls] += 1
+                    self.lineage[cls] = digest([self.lineage[cls], call.name,
+                                                repr(sorted(bound.arguments.items()))])[:16]
 
     def public_state(self) -> dict[str, dict[str, Any]]:
         """A deep copy of every instance's public attributes (what BFCL's state check reads)."""

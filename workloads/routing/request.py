@@ -78,7 +78,7 @@ class RoutingRequest(RequestInstance):
         elif record.multi_turn:
             self.state = ApiState(suite, record.classes, record.initial_config)
             self._tool = ApiTool(request_id, self.state, tool_time)
-            self.scope = {"request": request_id, "classes": list(record.classes)}
+            self.scope = None  # rendered per call from the state's lineage
         else:
             self.state = None
             self._tool = SchemaTool(record, tool_time)
@@ -177,8 +177,16 @@ class RoutingRequest(RequestInstance):
         }
 
     def executor_values(self, call: str) -> dict[str, Any]:
-        """The executor's input values for a call text."""
-        return {"call": call, "scope": self.scope}
+        """The executor's input values for a call text.
+
+        The scope names the state the call will run on: the record (single-turn: nothing
+        to run on), the shared workspace, or the request's own state by its lineage now —
+        two requests whose states have the same lineage render the same executor input.
+        """
+        scope = self.scope
+        if scope is None:
+            scope = {"state": dict(self.state.lineage), "classes": list(self.record.classes)}
+        return {"call": call, "scope": scope}
 
     def fill_values(self, coordinate: BranchCoordinate, candidate: str) -> dict[str, Any] | None:
         """The handler values a fill of ``candidate`` at the open branch ``coordinate`` renders.

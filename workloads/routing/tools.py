@@ -1,10 +1,12 @@
 """The ``bfcl`` tool: executes multi-turn calls on the request's API instances, or validates
 single-turn calls against their schema.
 
-Read-set and writes (C1's freshness guard): a multi-turn call reads the resource
-``"{request_id}/{ClassName}"`` of the class it calls, at that class's version (an int, as
-text); a call declared mutating bumps the version and reports the resource with its new
-version in ``ToolResult.writes``. Single-turn validation is a pure function of the call text and the
+Read-set and writes (C1's freshness guard): a multi-turn call on a request's own state reads
+the resource ``"state:{lineage}/{ClassName}"`` — its class's state named by lineage (the
+initial configuration and every mutating call since), an immutable value read at version
+"0" and never written. On a shared workspace (``shared_state``) it reads
+``"{workspace}/{ClassName}"`` at that class's version (an int, as text), and a call declared
+mutating bumps the version and reports it in ``ToolResult.writes``. Single-turn validation is a pure function of the call text and the
 record's schema, so it reads nothing.
 
 Tool time, by default **modelled** (an assumption, stated here so it can be challenged):
@@ -67,14 +69,22 @@ class ApiTool(Tool):
     def __init__(self, request_id: str, state: ApiState, tool_time: str = "modelled",
                  owner: str | None = None) -> None:
         self.request_id, self.state, self.tool_time = request_id, state, tool_time
-        self.owner = owner or request_id  # whose state this is: the request's, or shared
+        self.owner = owner  # a shared workspace's name, or None: the request's own state
         self.cost: ToolCost = (
             MeasuredCost() if tool_time == "measured" else ModelledCost(LOCAL_API_S)
         )
 
     def resource(self, cls: str) -> str:
-        """The read-set key of one API class of this request's state."""
-        return f"{self.owner}/{cls}"
+        """The read-set key of one API class's state.
+
+        A shared workspace is one mutable resource whose version every write bumps. A
+        request's own state is named by its lineage (:attr:`ApiState.lineage`): an
+        immutable value, so a write moves the request to a new resource instead of
+        invalidating what others computed on the old one.
+        """
+        if self.owner is not None:
+            return f"{self.owner}/{cls}"
+        return f"state:{self.state.lineage[cls]}/{cls}"
 
     def cost_for(self, fields: Mapping[str, Any]) -> ToolCost:
         """What a call with these fields will be charged."""
@@ -101,12 +111,13 @@ class ApiTool(Tool):
         except (LookupError, TypeError) as e:
             raise ToolInputError(TOOL_NAME, text, str(e)) from None
         self.cost = self.cost_for(fields)
-        before = self.state.versions[cls]
+        before, key = self.state.versions[cls], self.resource(cls)
         try:
             value = self.state.execute(cls, call, bound)
         except Exception as e:
             raise ToolExecutionError(TOOL_NAME, text, f"{type(e).__name__}: {e}") from e
-        key = self.resource(cls)
+        if self.owner is None:  # a lineage never changes: it is read at version 0, never written
+            return ToolResult(value, reads={key: "0"})
         after = self.state.versions[cls]
         writes = {key: str(after)} if after != before else {}
         return ToolResult(value, reads={key: str(before)}, writes=writes)
