@@ -126,7 +126,7 @@ class LocalBackend(Backend):
         from dynbranch.engines import make_engine
 
         for role, spec in self._roles.items():
-            engines = [make_engine(spec.kind, profile=spec.profile, clock=self.clock,
+            engines = [make_engine(spec.kind, profile=spec.model_path or spec.profile, clock=self.clock,
                                    engine_id=f"{spec.kind}-{role}-{i}")
                        for i in range(spec.workers)]
             for e in engines:

@@ -1,4 +1,4 @@
-"""``dynbranch``: replay a workload, fetch or check data, run an experiment.
+"""``dynbranch``: replay a workload, fetch or check data, run an experiment, make a model.
 
 Errors DynBranch raises on purpose (unknown names, missing or malformed data, settings that
 cannot run) print one line naming the problem and exit with status 2 before anything starts.
@@ -21,6 +21,9 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
                    help="floor | c1 | c2 | full | instcache | helium | parrot | dsp | spagent")
     p.add_argument("--engine", default="sim", help="sim | zero | hf | vllm")
     p.add_argument("--profile", default="qwen3-32b@h200", help="sim engine profile")
+    p.add_argument("--model", default=None,
+                   help="hf | vllm: local model directory; LLM outputs are then generated, "
+                        "not replayed (`dynbranch model make-tiny DIR` writes a tiny one)")
     p.add_argument("--backend", default="ray", choices=["ray", "local"])
     p.add_argument("--clock", default="real", choices=["real", "virtual"])
     p.add_argument("--address", default=None,
@@ -58,12 +61,26 @@ def _experiment_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None)
 
 
+def _model_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("model", help="make a local model for the hf and vllm engines")
+    p.add_argument("action", choices=["make-tiny"],
+                   help="make-tiny: write a seeded tiny Qwen3 model and its tokenizer")
+    p.add_argument("out_dir", help="directory to write the model into")
+    p.add_argument("--seed", type=int, default=0, help="weight seed")
+    p.add_argument("--hidden", type=int, default=64, help="hidden size")
+    p.add_argument("--heads", type=int, default=4,
+                   help="attention heads (head size = hidden / heads; vLLM needs >= 64 on a "
+                        "GPU and >= 32 on CPU, e.g. --hidden 128 --heads 2 --kv-heads 1)")
+    p.add_argument("--kv-heads", type=int, default=2, help="key/value heads")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynbranch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _replay_parser(sub)
     _data_parser(sub)
     _experiment_parser(sub)
+    _model_parser(sub)
     return parser
 
 
@@ -72,10 +89,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     cfg = ReplayConfig(
         workload=args.workload, arm=args.arm, engine=args.engine, profile=args.profile,
-        backend=args.backend, clock=args.clock, rate=args.rate, requests=args.requests,
-        seed=args.seed, workers=args.workers, fanout=args.fanout, arrival=args.arrival,
-        cv=args.cv, split=args.split, tool_time=args.tool_time, out=Path(args.out),
-        data_dir=args.data_dir, address=args.address, progress=not args.quiet)
+        model=args.model, backend=args.backend, clock=args.clock, rate=args.rate,
+        requests=args.requests, seed=args.seed, workers=args.workers, fanout=args.fanout,
+        arrival=args.arrival, cv=args.cv, split=args.split, tool_time=args.tool_time,
+        out=Path(args.out), data_dir=args.data_dir, address=args.address,
+        progress=not args.quiet)
     progress = print if not args.quiet else (lambda _msg: None)
     result = run_replay(prepare(cfg, progress))
     if not args.quiet:
@@ -127,7 +145,31 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"replay": cmd_replay, "data": cmd_data, "experiment": cmd_experiment}
+def cmd_model(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from dynbranch.errors import ConfigError
+
+    missing = [m for m in ("torch", "transformers", "tokenizers")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"making a model needs {', '.join(missing)}: pip install '.[hf]'")
+    from transformers.utils import logging
+
+    from dynbranch.models.tiny import make_tiny
+
+    logging.disable_progress_bar()  # NOTE: the files are written in milliseconds
+    try:
+        out = make_tiny(args.out_dir, seed=args.seed, hidden=args.hidden, heads=args.heads,
+                        kv_heads=args.kv_heads)
+    except ValueError as e:  # TinySpec's range checks name the offending values
+        raise ConfigError(f"make-tiny: {e}") from None
+    print(out)
+    return 0
+
+
+COMMANDS = {"replay": cmd_replay, "data": cmd_data, "experiment": cmd_experiment,
+            "model": cmd_model}
 
 
 def main(argv: list[str] | None = None) -> int:

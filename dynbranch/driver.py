@@ -28,7 +28,6 @@ from dynbranch.orchestrator import Orchestrator
 from dynbranch.records import RequestRecord
 from dynbranch.workload import DataConfig, RequestInstance, Workload
 
-
 GATES = ("priced", "topk", "fixed-threshold", "priced-a1-only", "priced-a0-fixed")
 """Fill policies of the C2 arms (see :func:`dynbranch.arms._speculator`)."""
 
@@ -148,6 +147,12 @@ def _check_model(cfg: ReplayConfig) -> None:
     if cfg.clock == "virtual":
         raise ConfigError(f"--engine {cfg.engine} runs a real model outside the event loop, "
                           f"which the virtual clock cannot account; use --clock real")
+    if cfg.engine == "vllm" and cfg.backend == "local" and cfg.workers > 1:
+        # NOTE: each vLLM engine sizes its KV pool to most of the device's free memory, so a
+        # second one in the same process (on the same GPU) cannot start.
+        raise ConfigError(f"--engine vllm --backend local runs one engine in this process; "
+                          f"use --workers 1 (got {cfg.workers}), or --backend ray for one "
+                          f"engine per GPU")
     if not (Path(cfg.model) / "config.json").is_file():
         raise ModelNotFoundError(cfg.model, "Build a tiny test model with "
                                  "`dynbranch model make-tiny DIR`.")
@@ -211,7 +216,8 @@ async def _replay(prepared: Prepared, backend: Backend
             options={"fanout": cfg.fanout, "depth": cfg.depth,
                      "predictor": cfg.predictor or prepared.workload.predictor,
                      "gate": cfg.gate, "p_star": cfg.p_star, "seed": cfg.seed,
-                     "workers": cfg.workers, "profile": cfg.profile},
+                     "workers": cfg.workers, "profile": cfg.profile,
+                     "replay": cfg.engine in ("sim", "zero")},
             make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction))
         orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
         prepopulate = getattr(orch.reuse, "prepopulate", None)

