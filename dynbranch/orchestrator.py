@@ -309,11 +309,14 @@ class RequestContext:
         """What canonical execution of a served stage returns now, for the splice checker.
 
         Out of band: nothing is charged on the clock and nothing is logged as a stage. An LLM
-        stage's canonical output is the replay oracle's (``""`` when the trace has none: a
-        real engine would have to run it); a tool stage (read-only, or it would not have
+        stage's canonical output is the replay oracle's when engines replay the trace
+        (``""``, not audited, when the trace has none or a real engine generates: it would
+        have to run again); a tool stage (read-only, or it would not have
         been served) is called again on the request's own state as it is now.
         """
         if call.stage.kind == "llm":
+            if not self._o.run.options.get("replay", True):
+                return ""  # a real engine generates: the trace's text is not its output
             text = self.instance.replay_text(call.rendered)
             return value_digest(text) if text is not None else ""
         try:

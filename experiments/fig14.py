@@ -48,7 +48,7 @@ def decompose(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for rate in sorted(by):
         arms = {a: by[rate][a] for a in ARMS}
 
-        def mean(arm: str, key: str) -> float:
+        def mean(arm: str, key: str, arms: dict = arms) -> float:
             return float(np.mean([r[key] for r in arms[arm]]))
 
         floor, c1, full = (mean(a, "mean_latency_s") for a in ARMS)

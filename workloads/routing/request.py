@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynbranch.errors import ToolCallError
 from dynbranch.predictors.frequency import FEATURES_KEY
 from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
 from dynbranch.workload import RequestInstance, StageContext, Tool
@@ -162,7 +163,13 @@ class RoutingRequest(RequestInstance):
     ) -> ExecutedCall:
         call = await ctx.llm("handler", self.handler_values(name, occurrence, turn, so_far))
         call = call.strip()
-        value = await ctx.tool("executor", self.executor_values(call))
+        try:
+            value = await ctx.tool("executor", self.executor_values(call))
+        except ToolCallError as e:
+            # NOTE: as BFCL's harness does, a call that fails (unparseable, unknown function,
+            # bad arguments, the API raising) returns its error text to the conversation;
+            # the request goes on and its accuracy says whether that was right.
+            value = f"Error during execution: {e.__cause__ or e}"
         return ExecutedCall(call, value)
 
     def handler_values(
