@@ -57,7 +57,8 @@ def _speculator(run: RunContext, reuse: ReuseHook) -> BranchHook:
     from dynbranch.pricing import PricedPolicy
     from dynbranch.speculation import Speculator, TopK
 
-    predictor = make_predictor(run.options.get("predictor", "frequency"))
+    predictor = make_predictor(run.options.get("predictor", "frequency"),
+                               **run.options.get("predictor_options", {}))
     fanout = int(run.options.get("fanout", 2))
     gate = run.options.get("gate", "priced")
     if gate == "topk":

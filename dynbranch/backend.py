@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from dynbranch.reuse.client import StoreClient
 
 BACKENDS = ("local", "ray")
+DRAFTER_ROLE = "drafter"
+"""The model role of the engines predictors draft on (never serves a stage, never priced)."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,16 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=4, help="engines (one per GPU)")
     p.add_argument("--fanout", type=int, default=2, help="max fills per branch (C2 arms)")
+    p.add_argument("--predictor", default=None,
+                   help="frequency | entity | recall | drafter (default: the workload's)")
+    p.add_argument("--drafter-profile", default="qwen3-0.6b@h200",
+                   help="--predictor drafter: the sim drafter engine's profile")
+    p.add_argument("--drafter-model", default=None,
+                   help="--predictor drafter: a real drafter model directory (hf | vllm)")
+    p.add_argument("--drafter-workers", type=int, default=1,
+                   help="--predictor drafter: drafter engines, shared by all workers")
+    p.add_argument("--drafter-samples", type=int, default=8,
+                   help="--predictor drafter: draft calls per branch (N)")
     p.add_argument("--arrival", default="poisson", choices=["poisson", "gamma"])
     p.add_argument("--cv", type=float, default=1.0,
                    help="coefficient of variation of gamma inter-arrival gaps")
@@ -93,7 +103,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         requests=args.requests, seed=args.seed, workers=args.workers, fanout=args.fanout,
         arrival=args.arrival, cv=args.cv, split=args.split, tool_time=args.tool_time,
         out=Path(args.out), data_dir=args.data_dir, address=args.address,
-        progress=not args.quiet)
+        predictor=args.predictor, drafter_profile=args.drafter_profile,
+        drafter_model=args.drafter_model, drafter_workers=args.drafter_workers,
+        drafter_samples=args.drafter_samples, progress=not args.quiet)
     progress = print if not args.quiet else (lambda _msg: None)
     result = run_replay(prepare(cfg, progress))
     if not args.quiet:

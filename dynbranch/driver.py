@@ -20,7 +20,7 @@ from typing import Any
 
 from dynbranch.arms import Arm, get_arm
 from dynbranch.arrivals import PROCESSES, arrival_times
-from dynbranch.backend import BACKENDS, Backend, EngineSpec, LocalBackend
+from dynbranch.backend import BACKENDS, DRAFTER_ROLE, Backend, EngineSpec, LocalBackend
 from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
 from dynbranch.errors import ConfigError, ModelNotFoundError, NotBuiltError, UnknownNameError
 from dynbranch.hooks import RunContext
@@ -54,6 +54,10 @@ class ReplayConfig:
     tool_time: str = "modelled"
     depth: int = 2
     predictor: str | None = None
+    drafter_profile: str = "qwen3-0.6b@h200"  # the sim drafter's profile
+    drafter_model: str | None = None  # a real drafter (hf | vllm): its local model directory
+    drafter_workers: int = 1  # drafter engines, shared by every worker
+    drafter_samples: int = 8  # N: draft calls per branch
     gate: str = "priced"
     p_star: float = 0.5
     store_mb: int = 1024
@@ -98,6 +102,7 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     _check_choice("gate", cfg.gate, GATES)
     _check_engine(cfg.engine)
     _check_model(cfg)
+    _check_drafter(cfg)
     if cfg.backend == "ray" and cfg.clock == "virtual":
         raise ConfigError("the virtual clock runs in one process only; use --backend local "
                           "with --clock virtual, or --clock real with --backend ray")
@@ -164,14 +169,58 @@ def _check_model(cfg: ReplayConfig) -> None:
                           f"here: pip install '.[{extra}]'")
 
 
+def _check_drafter(cfg: ReplayConfig) -> None:
+    """The predictor exists; the drafter's settings can run (only when it drafts)."""
+    from dynbranch.predictors import PREDICTORS
+
+    if cfg.predictor is not None:
+        _check_choice("predictor", cfg.predictor, list(PREDICTORS))
+    if cfg.predictor != "drafter":
+        return
+    if cfg.drafter_workers < 1 or cfg.drafter_samples < 1:
+        raise ConfigError(f"need --drafter-workers >= 1 and --drafter-samples >= 1 "
+                          f"(got {cfg.drafter_workers}, {cfg.drafter_samples})")
+    if cfg.drafter_model is None:
+        from dynbranch.engines.profile import load_profile
+
+        load_profile(cfg.drafter_profile)  # an unknown name is a typed error now
+    elif cfg.clock == "virtual":
+        raise ConfigError("--drafter-model runs a real model outside the event loop, which "
+                          "the virtual clock cannot account; use --clock real")
+    elif not (Path(cfg.drafter_model) / "config.json").is_file():
+        raise ModelNotFoundError(cfg.drafter_model, "Build a tiny test model with "
+                                 "`dynbranch model make-tiny DIR`.")
+
+
+def drafter_spec(cfg: ReplayConfig) -> EngineSpec:
+    """The ``drafter`` role: ``drafter_workers`` sim engines of ``drafter_profile`` (their
+    calls replay the drafter's sampled candidates, timed by the profile), or a real model
+    (``drafter_model``) of the run's real engine kind (``hf`` when the run simulates).
+
+    NOTE: one shared engine by default. A 0.6B drafter's step is bound by its fixed host
+    overhead (~2 ms), so the N samples of every open branch batch on one engine at little
+    extra cost; ``drafter_workers`` adds engines (and, on Ray, placement bundles).
+    """
+    from dynbranch.engines import MODEL_ENGINES
+
+    if cfg.drafter_model is not None:
+        kind = cfg.engine if cfg.engine in MODEL_ENGINES else "hf"
+        return EngineSpec(kind, cfg.drafter_model, cfg.drafter_workers,
+                          model_path=cfg.drafter_model)
+    return EngineSpec("sim", cfg.drafter_profile, cfg.drafter_workers)
+
+
 def _check_choice(kind: str, value: str, choices: Sequence[str]) -> None:
     if value not in choices:
         raise UnknownNameError(kind, value, list(choices))
 
 
 def make_backend(cfg: ReplayConfig, clock: Clock) -> Backend:
-    """The backend ``cfg`` names, with one ``target`` engine per worker."""
+    """The backend ``cfg`` names, with one ``target`` engine per worker and, when the
+    predictor drafts, the ``drafter`` engines (:func:`drafter_spec`)."""
     roles = {"target": EngineSpec(cfg.engine, cfg.profile, cfg.workers, model_path=cfg.model)}
+    if cfg.predictor == "drafter":
+        roles[DRAFTER_ROLE] = drafter_spec(cfg)
     if cfg.backend == "local":
         return LocalBackend(clock, roles)
     from dynbranch.cluster import RayBackend  # the only place Ray enters
@@ -217,6 +266,7 @@ async def _replay(prepared: Prepared, backend: Backend
                      "predictor": cfg.predictor or prepared.workload.predictor,
                      "gate": cfg.gate, "p_star": cfg.p_star, "seed": cfg.seed,
                      "workers": cfg.workers, "profile": cfg.profile,
+                     "predictor_options": _predictor_options(cfg),
                      "replay": cfg.engine in ("sim", "zero")},
             make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction))
         orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
@@ -229,6 +279,12 @@ async def _replay(prepared: Prepared, backend: Backend
     finally:
         await backend.shutdown()
     return records, orch
+
+
+def _predictor_options(cfg: ReplayConfig) -> dict[str, Any]:
+    if cfg.predictor == "drafter":
+        return {"samples": cfg.drafter_samples, "seed": cfg.seed}
+    return {}
 
 
 async def _launch_all(prepared: Prepared, orch: Orchestrator) -> list[RequestRecord]:

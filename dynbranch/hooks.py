@@ -13,12 +13,15 @@ orchestrator's own path is the no-reuse floor.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynbranch.clock import Clock
 from dynbranch.workflow import BranchPoint, RenderedInput, StageSpec
+
+if TYPE_CHECKING:
+    from dynbranch.engines.protocol import GenerateRequest, GenerateResult
 
 
 @dataclass(frozen=True)
@@ -119,16 +122,23 @@ class BranchSession:
     The orchestrator makes one per branch entry. ``start_fill`` runs the request's
     :meth:`~dynbranch.workload.RequestInstance.speculate` for a candidate as a fill (an
     asyncio task whose stages run at speculative priority and leave shadows); ``loads``
-    reads every engine's load snapshot; ``now`` is the run clock.
+    reads the load snapshot of every engine that serves stages; ``now`` is the run clock.
+    ``generate`` runs one prediction call on the run's ``drafter`` engines (``None`` when
+    the run has none), and ``setup_s`` is the prediction time this entry spent (Action 0's
+    ``T_setup``).
     """
 
     def __init__(self, request_id: str, point: BranchPoint, *,
                  start_fill: Callable[..., Any], discard: Callable[[Any], Any],
                  loads: Callable[[], Any], now: Callable[[], float],
-                 fillable: Callable[[str], bool] = lambda _c: True) -> None:
+                 fillable: Callable[[str], bool] = lambda _c: True,
+                 generate: Callable[[GenerateRequest], Awaitable[GenerateResult]] | None = None,
+                 ) -> None:
         self.request_id, self.point, self.fillable = request_id, point, fillable
         self.start_fill, self.discard, self.loads, self.now = start_fill, discard, loads, now
+        self.generate = generate
         self.opened_at = now()
+        self.setup_s = 0.0
         self.fills: list[Any] = []
 
 

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from dynbranch.arms import Arm
-from dynbranch.backend import EngineClient
+from dynbranch.backend import DRAFTER_ROLE, EngineClient
 from dynbranch.canonical import value_digest
 from dynbranch.clock import Clock
 from dynbranch.engines.protocol import (
@@ -66,10 +66,11 @@ class EnginePool:
         finally:
             self._open[role][i] -= 1
 
-    async def loads(self) -> list[LoadSnapshot]:
-        """Every engine's load snapshot."""
+    async def loads(self, exclude: Sequence[str] = ()) -> list[LoadSnapshot]:
+        """The load snapshot of every engine, but those of the ``exclude`` roles."""
         return list(await asyncio.gather(
-            *(c.load() for clients in self._clients.values() for c in clients)))
+            *(c.load() for role, clients in self._clients.items() if role not in exclude
+              for c in clients)))
 
 
 class RunLog:
@@ -89,6 +90,7 @@ class Orchestrator:
         self.clock, self.arm, self.tenant = clock, arm, self.run.tenant
         self.audit = audit  # re-execute every served stage out of band (the splice checker)
         self.pool = EnginePool(clients, arm.make_placement)
+        self.draft_generate = self._draft if DRAFTER_ROLE in self.pool.roles() else None
         self.reuse = arm.make_reuse(self.run)
         self.branch_hook = arm.make_branch(self.run, self.reuse)
         self.log = RunLog()
@@ -103,6 +105,19 @@ class Orchestrator:
                                 "speculation": {**await self.branch_hook.snapshot(),
                                                 "fills": self.fills.stats()}}
         return self.mechanism_stats
+
+    async def _draft(self, request: GenerateRequest) -> GenerateResult:
+        """One prediction call on the drafter engines (:attr:`BranchSession.generate`)."""
+        _client, result = await self.pool.generate(DRAFTER_ROLE, request)
+        return result
+
+    async def serving_loads(self) -> list[LoadSnapshot]:
+        """The loads C3 prices against: engines that serve stages and fills.
+
+        NOTE: drafter engines serve neither; their snapshots would also break the load
+        view's one-snapshot-per-priced-engine check.
+        """
+        return await self.pool.loads(exclude=(DRAFTER_ROLE,))
 
     def start_run(self) -> float:
         """Mark the run's time origin (call inside the running loop); returns it."""
@@ -269,8 +284,8 @@ class RequestContext:
                               [], self._o.rel(), None)
         self._o.log.branches.append(record)
         session = BranchSession(
-            self.request_id, point, now=self._o.clock.now, loads=self._o.pool.loads,
-            discard=self._o.fills.discard,
+            self.request_id, point, now=self._o.clock.now, loads=self._o.serving_loads,
+            discard=self._o.fills.discard, generate=self._o.draft_generate,
             fillable=lambda candidate: self.instance.fillable(point, candidate),
             start_fill=lambda candidate, **kw: self._o.fills.start(self, point, candidate, **kw))
         await self._o.branch_hook.opened(session)

@@ -193,7 +193,8 @@ class PricedPolicy(FillPolicy):
                 if fill is not None and fill.consumed:
                     saved += admission.gain_ms
         return (str(entry.session.point.coordinate),
-                BranchReturn(saved_ms=saved, fill_cost_ms=cost))
+                BranchReturn(saved_ms=saved, setup_ms=1e3 * entry.session.setup_s,
+                             fill_cost_ms=cost))
 
     # -- load -----------------------------------------------------------------------------
 

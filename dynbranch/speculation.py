@@ -11,10 +11,19 @@ fill of a multi-valued branch that was chosen. The fills themselves run in
 Policies are small objects: :class:`TopK` fills the ``fanout`` best-ranked candidates with
 no pricing (the fixed-threshold end of the spectrum); the load-priced gate of C3 plugs in
 the same way.
+
+A predictor that drafts on engines (it has an async ``draft``: the drafter) drafts on the
+run's ``drafter`` engines when the session offers them (:attr:`BranchSession.generate`),
+*beside* the canonical decision rather than before it, so the branch's own stage is never
+delayed: its fills start when the draft is done, the drafting time is the entry's setup
+time (``session.setup_s``, Action 0's ``T_setup``), and a draft still running when its
+branch resolves is cancelled (its engine calls aborted). Without drafter engines it ranks
+synchronously like any predictor.
 """
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,12 +91,21 @@ class Speculator(BranchHook):
     """Predict → admit → fill at every branch; resolve → learn, cancel losers."""
 
     name = "c2"
+    draft_beside = True
+    """Draft beside the canonical decision; ``False`` drafts before it returns from
+    :meth:`opened` (the decision waits), for hooks that act on the fills then."""
 
     def __init__(self, run: RunContext, predictor: Predictor, policy: FillPolicy) -> None:
         self.run, self.predictor, self.policy = run, predictor, policy
         self.fanout = int(run.options.get("fanout", 2))
         self._open: dict[str, list[BranchSession]] = {}
         self.counts = {"branches": 0, "generated": 0, "candidates": 0}
+        self._drafts: dict[BranchSession, asyncio.Task] = {}
+        # NOTE: a draft is marked admitting without an await after its draft returns, so
+        # resolution knows whether it may still cancel it (drafting) or must let it record
+        # the reservations the gate granted (admitting).
+        self._admitting: set[BranchSession] = set()
+        self.drafting = {"drafts": 0, "samples": 0, "late": 0, "failed": 0, "drafting_s": 0.0}
 
     async def opened(self, session: BranchSession) -> None:
         self.counts["branches"] += 1
@@ -96,16 +114,58 @@ class Speculator(BranchHook):
             return
         self.counts["generated"] += 1
         ctx = BranchContext.of(session.request_id, session.point)
-        ranked = [c for c in self.predictor.rank(ctx, len(session.point.candidates) or
-                                                 max(self.fanout, 1) * 4)
-                  if session.fillable(c)]
+        k = len(session.point.candidates) or max(self.fanout, 1) * 4
+        # NOTE: duck-typed so any predictor with an async draft(ctx, k, generate, now) drafts
+        if getattr(self.predictor, "draft", None) is not None and session.generate is not None:
+            task = asyncio.create_task(self._draft_and_fill(session, ctx, k),
+                                       name=f"draft-{session.request_id}")
+            self._drafts[session] = task
+            if not self.draft_beside:
+                await asyncio.wait([task])
+            return
+        await self._fill(session, self.predictor.rank(ctx, k))
+
+    async def _fill(self, session: BranchSession, ranked: Sequence[str]) -> None:
+        ranked = [c for c in ranked if session.fillable(c)]
         self.counts["candidates"] += len(ranked)
         for choice in await self.policy.choose(session, ranked):
             fill = session.start_fill(choice.candidate, rank=choice.rank,
                                       reservation=choice.reservation)
             session.fills.append(fill)
 
+    async def _draft_and_fill(self, session: BranchSession, ctx: BranchContext,
+                              k: int) -> None:
+        start = session.now()
+        try:
+            draft = await self.predictor.draft(ctx, k, session.generate, now=session.now)
+        except Exception:  # NOTE: a failed draft is a branch without fills, not a failure
+            self.drafting["failed"] += 1
+            return
+        finally:
+            session.setup_s = session.now() - start
+            self.drafting["drafting_s"] += session.setup_s
+        self._admitting.add(session)
+        self.drafting["drafts"] += 1
+        self.drafting["samples"] += len(draft.samples)
+        await self._fill(session, draft.ranked)
+
+    async def _stop_draft(self, session: BranchSession) -> asyncio.Task | None:
+        """End ``session``'s draft: cancel it while it drafts, let it finish admitting (so
+        the reservations the gate granted reach their fills). The ended task, if any."""
+        task = self._drafts.pop(session, None)
+        if task is None:
+            return None
+        if not task.done() and session not in self._admitting:
+            self.drafting["late"] += 1
+            task.cancel()
+        self._admitting.discard(session)
+        await asyncio.wait([task])
+        return task
+
     async def resolved(self, session: BranchSession, chosen: tuple[str, ...]) -> None:
+        task = await self._stop_draft(session)
+        if task is not None and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # admission failed: as it would have inline
         self.predictor.observe(BranchContext.of(session.request_id, session.point), chosen)
         for fill in session.fills:
             if fill.candidate not in chosen:
@@ -113,15 +173,23 @@ class Speculator(BranchHook):
         self.policy.settled(session, chosen)
 
     async def request_done(self, request_id: str) -> None:
-        fills = [f for s in self._open.pop(request_id, []) for f in s.fills]
+        sessions = self._open.pop(request_id, [])
+        for session in sessions:
+            if await self._stop_draft(session) is not None:  # failed inside the branch
+                for fill in session.fills:  # some may have started after the runner let go
+                    await session.discard(fill)
+        fills = [f for s in sessions for f in s.fills]
         await self.policy.request_done(request_id, fills)
 
     def stats(self) -> dict[str, Any]:
+        drafting = {"drafting": dict(self.drafting)} if any(self.drafting.values()) else {}
         return {**self.counts, "policy": self.policy.name, "predictor": self.predictor.name,
-                **self.policy.stats()}
+                **drafting, **self.policy.stats()}
 
     async def snapshot(self) -> dict[str, Any]:
         return {**self.stats(), **await self.policy.snapshot()}
 
     def close(self) -> None:
+        for task in self._drafts.values():
+            task.cancel()
         self.policy.close()

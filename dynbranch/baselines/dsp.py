@@ -363,6 +363,7 @@ class DSPSpeculator(Speculator):
     policy, registering each fill's depth budget with the reuse hook as it starts."""
 
     name = "dsp"
+    draft_beside = False  # NOTE: opened() tracks each fill's depth budget as it returns
 
     def __init__(self, run: RunContext, predictor, policy: DSPPolicy) -> None:
         super().__init__(run, predictor, policy)

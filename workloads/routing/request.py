@@ -127,7 +127,7 @@ class RoutingRequest(RequestInstance):
         outcome.router_decisions += 1
         self._open[coordinate] = (turn, [{"call": c.call, "result": c.value} for c in executed])
         point = BranchPoint(coordinate, self.candidates, multi_valued=self.record.parallel,
-                            evidence=self._evidence(executed))
+                            evidence=self._evidence(turn, executed))
         values = {"functions": self.functions, "conversation": list(conversation)}
         async with ctx.branch(point) as branch:
             text = await ctx.llm("router", values)
@@ -136,14 +136,16 @@ class RoutingRequest(RequestInstance):
         self._open.pop(coordinate, None)
         return chosen
 
-    def _evidence(self, executed: Sequence[ExecutedCall]) -> dict[str, Any]:
-        """What a predictor may know at the router's branch: the function called last.
+    def _evidence(self, turn: str, executed: Sequence[ExecutedCall]) -> dict[str, Any]:
+        """What a predictor may know at the router's branch: the user's turn (what the
+        router itself reads) and the function called last.
 
         Each candidate gets the feature ``"<previous> -> <candidate>"``, so the frequency
         predictor learns which function tends to follow which (a next-stage model).
         """
         previous = _name(executed[-1].call) if executed else "<turn start>"
-        return {FEATURES_KEY: {c: [f"{previous} -> {c}"] for c in self.candidates}}
+        return {"turn": turn,
+                FEATURES_KEY: {c: [f"{previous} -> {c}"] for c in self.candidates}}
 
     def _parse_route(self, text: str, outcome: RoutingOutcome) -> list[str]:
         """The offered function names in the router's output; the rest is ignored (and kept).
