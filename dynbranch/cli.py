@@ -33,6 +33,16 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=4, help="engines (one per GPU)")
     p.add_argument("--fanout", type=int, default=2, help="max fills per branch (C2 arms)")
+    p.add_argument("--depth", type=int, default=2, help="stages one fill may run (C2 arms)")
+    p.add_argument("--gate", default="priced",
+                   choices=["priced", "topk", "fixed-threshold", "priced-a1-only",
+                            "priced-a0-fixed"],
+                   help="C2 fill policy: C3's priced gate, no gate, or an attribution variant")
+    p.add_argument("--p-star", type=float, default=0.5,
+                   help="fixed threshold p* of the fixed-threshold gate variants")
+    p.add_argument("--store-mb", type=int, default=1024, help="C1 store capacity (MiB)")
+    p.add_argument("--eviction", default="lru", choices=["lru", "cost"],
+                   help="C1 store eviction policy")
     p.add_argument("--predictor", default=None,
                    help="frequency | entity | recall | drafter (default: the workload's)")
     p.add_argument("--drafter-profile", default="qwen3-0.6b@h200",
@@ -105,7 +115,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         out=Path(args.out), data_dir=args.data_dir, address=args.address,
         predictor=args.predictor, drafter_profile=args.drafter_profile,
         drafter_model=args.drafter_model, drafter_workers=args.drafter_workers,
-        drafter_samples=args.drafter_samples, progress=not args.quiet)
+        drafter_samples=args.drafter_samples, depth=args.depth, gate=args.gate,
+        p_star=args.p_star, store_mb=args.store_mb, eviction=args.eviction,
+        progress=not args.quiet)
     progress = print if not args.quiet else (lambda _msg: None)
     result = run_replay(prepare(cfg, progress))
     if not args.quiet:
