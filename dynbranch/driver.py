@@ -119,7 +119,9 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     workload.check_data(data)
     instances = workload.requests(data, cfg.requests, cfg.seed, cfg.split)
     arrivals = arrival_times(cfg.requests, cfg.rate, cfg.seed, cfg.arrival, cfg.cv)
-    return Prepared(cfg, workload, arm, make_clock(cfg.clock), instances, list(arrivals), data)
+    # NOTE: plain floats: numpy scalars would leak into the loop's clock and every timestamp.
+    arrivals = [float(a) for a in arrivals]
+    return Prepared(cfg, workload, arm, make_clock(cfg.clock), instances, arrivals, data)
 
 
 def _check_engine(kind: str) -> None:
@@ -259,15 +261,18 @@ async def _replay(prepared: Prepared, backend: Backend
     await backend.start()
     try:
         cfg = prepared.config
+        options = {"fanout": cfg.fanout, "depth": cfg.depth,
+                   "predictor": cfg.predictor or prepared.workload.predictor,
+                   "gate": cfg.gate, "p_star": cfg.p_star, "seed": cfg.seed,
+                   "workers": cfg.workers, "profile": cfg.profile,
+                   "predictor_options": _predictor_options(cfg),
+                   "replay": cfg.engine in ("sim", "zero")}
+        make_gate = getattr(backend, "make_gate", None)
+        if make_gate is not None:  # Ray: the run's one central gate actor
+            options["make_gate"] = make_gate
         run = RunContext(
             clock=prepared.clock, arm=prepared.arm.name, tenant=cfg.tenant,
-            models=backend.models(),
-            options={"fanout": cfg.fanout, "depth": cfg.depth,
-                     "predictor": cfg.predictor or prepared.workload.predictor,
-                     "gate": cfg.gate, "p_star": cfg.p_star, "seed": cfg.seed,
-                     "workers": cfg.workers, "profile": cfg.profile,
-                     "predictor_options": _predictor_options(cfg),
-                     "replay": cfg.engine in ("sim", "zero")},
+            models=backend.models(), options=options,
             make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction))
         orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
         prepopulate = getattr(orch.reuse, "prepopulate", None)

@@ -22,11 +22,37 @@ def head_node(tmp_path_factory):
         pytest.skip("the `ray` command is not installed beside this Python")
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     port = 6391
-    subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2",
-                    "--include-dashboard=false", '--resources={"dynbranch_engine": 2}'],
-                   check=True, capture_output=True, env=env, timeout=120)
-    yield f"127.0.0.1:{port}", env
-    subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120)
+    # NOTE: --block keeps `ray start` in the foreground and makes it stop exactly the Ray
+    # processes it started when terminated; `ray stop` would kill every Ray on the machine.
+    head = subprocess.Popen(
+        [ray_cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", '--resources={"dynbranch_engine": 2}'],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        _wait_for_port(port, head)
+        yield f"127.0.0.1:{port}", env
+    finally:
+        head.terminate()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+
+
+def _wait_for_port(port: int, head: subprocess.Popen, timeout: float = 90.0) -> None:
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            pytest.fail(f"`ray start --head` exited with {head.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                time.sleep(3.0)  # the GCS answers before the raylet has registered
+                return
+        time.sleep(0.5)
+    pytest.fail(f"the Ray head did not listen on port {port} within {timeout:.0f}s")
 
 
 def test_replay_joins_a_running_cluster_by_address(head_node, tmp_path):

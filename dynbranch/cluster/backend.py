@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from dynbranch.backend import Backend, EngineClient, EngineSpec
 from dynbranch.clock import Clock
@@ -19,6 +20,10 @@ from dynbranch.cluster.store import DEFAULT_SHARDS
 from dynbranch.engines.protocol import GenerateRequest, GenerateResult, LoadSnapshot
 from dynbranch.errors import ConfigError
 from dynbranch.reuse.client import StoreClient
+
+if TYPE_CHECKING:
+    from dynbranch.cluster.gate import RayGateClient
+    from dynbranch.gate import ContentionModel, GateConfig
 
 ENGINE_RESOURCE = "dynbranch_engine"
 GPU_ENGINES = ("vllm",)
@@ -114,7 +119,7 @@ class RayBackend(Backend):
                     resources={ENGINE_RESOURCE: 1.0}, max_concurrency=10_000,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         self._pg, placement_group_bundle_index=index),
-                ).remote(spec.kind, spec.profile, engine_id)
+                ).remote(spec.kind, spec.model_path or spec.profile, engine_id)
                 self._actors.append(actor)
                 clients.append(RayEngineClient(actor, engine_id))
                 index += 1
@@ -139,6 +144,27 @@ class RayBackend(Backend):
         self._store_actors.extend(actors)
         return RayStoreClient(actors)
 
+    def make_gate(self, model: ContentionModel, config: GateConfig, *,
+                  checkpoint_dir: str | None = None) -> RayGateClient:
+        """C3's central gate for this run: a named :class:`~dynbranch.cluster.GateActor`,
+        started on the first call and shared by every later one (they must ask for the same
+        ``model`` and ``config``); it lives until :meth:`shutdown`.
+
+        ``checkpoint_dir`` is where it checkpoints (default: a temporary directory on this
+        node, removed at shutdown); see :mod:`dynbranch.cluster.gate`.
+        """
+        import ray
+
+        from dynbranch.cluster.gate import GateDeployment
+
+        if not ray.is_initialized():
+            raise ConfigError("RayBackend.make_gate needs a connected backend: call start() "
+                              "first")
+        # NOTE: set here, not in __init__, so that make_gate stays self-contained.
+        if getattr(self, "_gate", None) is None:
+            self._gate = GateDeployment.start(model, config, checkpoint_dir)
+        return self._gate.client(model, config)
+
     async def shutdown(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
@@ -151,6 +177,9 @@ class RayBackend(Backend):
                 ray.kill(a)
             self._actors.clear()
             self._store_actors.clear()
+            if getattr(self, "_gate", None) is not None:
+                self._gate.stop()
+                self._gate = None
             if self._pg is not None:
                 remove_placement_group(self._pg)
                 self._pg = None

@@ -1,0 +1,200 @@
+"""Gate decisions in process against the central gate actor on Ray, through the async clients.
+
+Drives a :class:`~dynbranch.gate.client.LocalGateClient` and a
+:class:`~dynbranch.cluster.RayGateClient` (a :class:`~dynbranch.cluster.GateActor` on a local
+Ray instance, journaling every call to its checkpoint) with the same warmed-up gate, and
+times ``generation`` and ``admit`` (4 candidates, the greedy priced gate with audits) one
+awaited call at a time, then with ``--callers`` concurrent callers; the actor's no-op
+``ping`` gives Ray's own round trip on this machine for scale. Prints p50/p99 latency in
+microseconds and decisions per second (sequential: one over the mean latency; concurrent:
+calls over the phase's wall time, which includes one batched ``release`` per 32 admits).
+Then the actor's checkpoint: one snapshot's size and time, and how long a killed actor
+takes to answer again. Numbers go into notes, not assertions.
+
+    python scripts/bench_gate_ray.py [--calls 2000] [--callers 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from dynbranch.engines.profile import load_profile  # noqa: E402
+from dynbranch.gate import (  # noqa: E402
+    BranchReturn,
+    Candidate,
+    ContentionModel,
+    FillShape,
+    Gate,
+    GateConfig,
+    LoadBudget,
+    LoadView,
+)
+from dynbranch.gate.client import GateClient, LocalGateClient  # noqa: E402
+
+PROFILE = "qwen3-32b@h200"
+RELEASE_EVERY = 32
+VIEWS = [LoadView(0.01 * (i % 40), 0.01 * (i % 30), 0.005 * (i % 60)) for i in range(97)]
+
+
+def gate_spec() -> tuple[ContentionModel, GateConfig]:
+    profile = load_profile(PROFILE)
+    model = ContentionModel.from_profile(profile, LoadBudget.from_profile(profile, engines=2))
+    return model, GateConfig(fanout=3, audit_rate=0.02)
+
+
+def candidates() -> list[Candidate]:
+    shape = FillShape(prompt_tokens=512, output_tokens=64, context_tokens=1024)
+    blocks = shape.kv_blocks(16)
+    return [Candidate(f"h{r}", r, f"stage{r}", 1500.0 - 300 * r, shape, blocks) for r in range(4)]
+
+
+async def warm(client: GateClient) -> None:
+    """Posteriors and returns as a running system would have them (2,000 branch entries)."""
+    for batch in range(20):
+        obs, settled = [], []
+        for i in range(100 * batch, 100 * (batch + 1)):
+            obs += [(f"stage{r}", r, r == i % 3 == 0, True) for r in range(4)]
+            settled.append((f"coord{i % 16}", BranchReturn(saved_ms=400.0, setup_ms=30.0)))
+        await client.learn(obs, settled)
+
+
+async def timed(call: Callable[[int], Awaitable[object]], calls: range) -> list[float]:
+    """Latencies (us) of ``await call(i)`` for each i, one at a time."""
+    out = []
+    for i in calls:
+        t0 = time.perf_counter()
+        await call(i)
+        out.append((time.perf_counter() - t0) * 1e6)
+    return out
+
+
+class AdmitLoad:
+    """Admit calls that hand their receipts back in one ``release`` per
+    :data:`RELEASE_EVERY` admits (as requests do when they end), and at :meth:`drain`."""
+
+    def __init__(self, client: GateClient, cands: list[Candidate]) -> None:
+        self.client, self.cands, self.held = client, cands, []
+
+    async def __call__(self, i: int) -> None:
+        out = await self.client.admit(f"coord{i % 16}", self.cands, VIEWS[i % len(VIEWS)],
+                                      float(i))
+        self.held += [a.reservation for a in out if a.admitted]
+        if i % RELEASE_EVERY == RELEASE_EVERY - 1:
+            await self.drain()
+
+    async def drain(self) -> None:
+        receipts, self.held = self.held, []
+        await self.client.release(receipts)
+
+
+async def phase(call: Callable[[int], Awaitable], calls: int, callers: int
+                ) -> tuple[list[float], float]:
+    """All latencies and the wall time of ``calls`` calls split over ``callers`` callers."""
+    per = calls // callers
+    t0 = time.perf_counter()
+    parts = await asyncio.gather(*(timed(call, range(c * per, (c + 1) * per))
+                                   for c in range(callers)))
+    return [us for part in parts for us in part], time.perf_counter() - t0
+
+
+def row(label: str, us: list[float], per_s: float) -> str:
+    cuts = statistics.quantiles(us, n=100, method="inclusive")
+    return f"  {label:<44} p50 {cuts[49]:8.1f} us   p99 {cuts[98]:8.1f} us   {per_s:>9,.0f} /s"
+
+
+async def bench_client(name: str, client: GateClient, calls: int, callers: int) -> list[str]:
+    await warm(client)
+    cands, lines = candidates(), []
+    gen = lambda i: client.generation(f"coord{i % 16}", float(i))  # noqa: E731
+    admit = AdmitLoad(client, cands)
+    for op, call in (("generation", gen), ("admit (4 candidates)", admit)):
+        await timed(call, range(200))  # warm-up: first RPCs, caches
+        us, _ = await phase(call, calls, 1)
+        lines.append(row(f"{name} {op}, sequential", us, 1e6 / statistics.fmean(us)))
+        us, wall = await phase(call, calls, callers)
+        lines.append(row(f"{name} {op}, {callers} callers", us, len(us) / wall))
+    await admit.drain()
+    stats = await client.stats()
+    if stats.get("unavailable"):
+        raise RuntimeError(f"{name}: the gate stopped answering mid-benchmark: {stats}")
+    lines.append(f"  ({name}: reserved now {stats['reserved_blocks']} blocks; "
+                 f"{stats['admitted'] + stats['audit']:,} fills admitted)")
+    return lines
+
+
+async def bench_checkpoint(deployment) -> list[str]:
+    """One snapshot's size and round trip, then the time a killed actor takes to answer."""
+    import ray
+
+    actor = deployment.actor
+    t0 = time.perf_counter()
+    snap = await actor.checkpoint.remote()
+    snap_ms = (time.perf_counter() - t0) * 1e3
+    await actor.generation.remote("bench:restart", "coord0", 0.0)  # one entry to replay
+    ray.kill(actor, no_restart=False)
+    t0 = time.perf_counter()
+    while True:  # the old incarnation may answer until the kill lands
+        try:
+            stats = await asyncio.wait_for(actor.stats.remote(), 5.0)
+            if stats["checkpoint"]["restored"]:
+                break
+        except (ray.exceptions.RayActorError, TimeoutError):
+            pass
+        await asyncio.sleep(0.01)
+    back_s = time.perf_counter() - t0
+    return [f"  snapshot: {snap['bytes'] / 1024:,.0f} KiB at journal entry {snap['seq']:,}, "
+            f"{snap_ms:.1f} ms round trip",
+            f"  restart: killed actor answered again after {back_s:.2f} s "
+            f"(replayed {stats['checkpoint']['replayed']} journal entries)"]
+
+
+async def run(calls: int, callers: int) -> list[str]:
+    from dynbranch.cluster import GateDeployment
+
+    model, config = gate_spec()
+    lines = [f"gate decisions ({PROFILE}, {calls:,} calls per phase, fanout 3, audits 2%):"]
+    lines += await bench_client("local", LocalGateClient(Gate(model, config)), calls, callers)
+    with tempfile.TemporaryDirectory(prefix="bench-gate-") as directory:
+        deployment = GateDeployment.start(model, config, directory)
+        try:
+            client = deployment.client(model, config)
+            ping = lambda _i: deployment.actor.ping.remote()  # noqa: E731
+            await timed(ping, range(200))
+            us, _ = await phase(ping, calls, 1)
+            lines.append(row("ray   ping (a no-op round trip), sequential", us,
+                             1e6 / statistics.fmean(us)))
+            lines += await bench_client("ray  ", client, calls, callers)
+            lines += ["checkpoint:", *await bench_checkpoint(deployment)]
+        finally:
+            deployment.stop()
+    return lines
+
+
+def main() -> None:
+    import ray
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--callers", type=int, default=16)
+    args = parser.parse_args()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        print("\n".join(asyncio.run(run(args.calls, args.callers))))
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
