@@ -94,12 +94,22 @@ def _model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-heads", type=int, default=2, help="key/value heads")
 
 
+def _calibrate_parser(sub: argparse._SubParsersAction) -> None:
+    from dynbranch.calibrate import add_arguments
+
+    p = sub.add_parser("calibrate", help="fit a profile's [calibration] knobs to a real "
+                       "engine, or the sim profile to the paper's Fig. 5b",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_arguments(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynbranch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _replay_parser(sub)
     _data_parser(sub)
     _experiment_parser(sub)
+    _calibrate_parser(sub)
     _model_parser(sub)
     return parser
 
@@ -192,8 +202,14 @@ def cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from dynbranch.calibrate import main as calibrate_main
+
+    return calibrate_main(args)
+
+
 COMMANDS = {"replay": cmd_replay, "data": cmd_data, "experiment": cmd_experiment,
-            "model": cmd_model}
+            "model": cmd_model, "calibrate": cmd_calibrate}
 
 
 def main(argv: list[str] | None = None) -> int:
