@@ -569,8 +569,8 @@ def _shipped_text(name: str) -> str:
     [
         ("num_layers = 64", 'num_layers = "sixty-four"', "[model].num_layers"),
         ("num_layers = 64", "num_layers = true", "[model].num_layers"),
-        ("mfu = 0.50", "mfu = 1.5", "[calibration].mfu"),
-        ("mfu = 0.50", "mfu_typo = 0.5", "[calibration].mfu"),
+        ("mfu = 0.6947", "mfu = 1.5", "[calibration].mfu"),
+        ("mfu = 0.6947", "mfu_typo = 0.5", "[calibration].mfu"),
         ("block_size = 16\n", "", "[scheduler].block_size"),
         ("num_params = 32.8e9", "num_params = 3.28e9", "[model].num_params"),
         ("memory_gib = 140.4", "memory_gib = 40.0", "[gpu].memory_gib"),
