@@ -26,7 +26,7 @@ PAPER = {"c2_reduction_range": [0.085, 0.477], "routing_c2_over_c1": 0.086}
 
 
 def cells(quick: bool) -> list[Cell]:
-    workers, seeds, n = ((4,), (0,), 150) if quick else ((2, 4), (0, 1), 300)
+    workers, seeds, n = ((4,), (0,), 300) if quick else ((2, 4), (0, 1), 400)
     out = []
     for w in workers:
         for s in seeds:
