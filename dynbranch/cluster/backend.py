@@ -46,8 +46,10 @@ def connect(address: str | None, workers: int) -> bool:
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
-        ray.init(resources={ENGINE_RESOURCE: workers}, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
+        # NOTE: address="local" starts a new instance even when another Ray runs on this
+        # machine; a bare ray.init() would join that one (and refuse our resources).
+        ray.init(address="local", resources={ENGINE_RESOURCE: workers},
+                 include_dashboard=False, log_to_driver=False, configure_logging=False)
     return True
 
 
