@@ -78,7 +78,8 @@ def test_contention_fit_recovers_known_knobs():
         ContentionTarget(f"{n}x{w}", n, w, curve.increase(s))
         for (n, w), s in zip(points, curve.samples, strict=True)
     ]
-    fitted, report = fit_contention(P32, targets, report_on=(), shape=shape, sensitivity=False)
+    start = P32.with_calibration(seq_overhead_us=15.0, mfu=0.5)  # the uncalibrated prior
+    fitted, report = fit_contention(start, targets, report_on=(), shape=shape, sensitivity=False)
     assert report.knobs["seq_overhead_us"][0] == 15.0
     assert fitted.calibration.seq_overhead_us == pytest.approx(60.0, rel=0.03)
     assert fitted.calibration.mfu == pytest.approx(0.7, rel=0.03)

@@ -21,7 +21,7 @@ from dynbranch.cluster import ENGINE_RESOURCE, RayBackend  # noqa: E402
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, resources={ENGINE_RESOURCE: 4}, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, resources={ENGINE_RESOURCE: 4}, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()

@@ -130,6 +130,8 @@ class Model:
             self.versions.setdefault(res, v)
         if any(self.versions[res] != v for res, v in r.read_set.items()):
             return "stale", []
+        if any(self.gone.get(u) is MissReason.INVALIDATED for u in r.provenance.upstream):
+            return "stale", []  # rendered from a record a write already invalidated
         if r.size > self.capacity:
             return "too_large", []
         old = self.recs.get(r.name)
