@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynbranch.datasets import require_dataset
-from dynbranch.errors import ConfigError, DataError, MalformedRecordError
-from dynbranch.workload import DataConfig, Workload
-from workloads.musique import DEV_FULL, TRAIN_FULL, MusiqueRecord, draw, in_split, load_full
+from dynbranch.errors import MalformedRecordError
+from dynbranch.workload import DataConfig
+from workloads.musique import DEV_FULL, TRAIN_FULL, MusiqueRecord, draw, load_full
+from workloads.react.base import MusiqueWorkload
 from workloads.react.request import ReActRequest
 from workloads.react.retrieval import (
-    MAX_K,
-    TOOL_TIMES,
     Bm25Index,
     Corpus,
     RetrieveTool,
@@ -33,9 +32,6 @@ from workloads.react.retrieval import (
     load_corpus,
 )
 from workloads.react.template import TEMPLATE
-
-SPLITS = ("train", "test")
-DEFAULT_TOP_K = 3
 
 
 @dataclass(frozen=True)
@@ -59,21 +55,12 @@ def load_react_questions(data_dir: Path | None) -> tuple[MusiqueRecord, ...]:
     return dev + train
 
 
-class ReActWorkload(Workload):
-    """ReAct over MuSiQue. Options: ``tool_time`` (``measured``, the default: retrieval is
-    charged its real duration; or ``modelled``) and ``top_k`` (passages per search)."""
+class ReActWorkload(MusiqueWorkload):
+    """ReAct over MuSiQue (options: see :class:`~workloads.react.base.MusiqueWorkload`)."""
 
     name = "react"
     predictor = "entity"
     template = TEMPLATE
-
-    def __init__(self, tool_time: str = "measured", top_k: int = DEFAULT_TOP_K) -> None:
-        if tool_time not in TOOL_TIMES:
-            raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
-        if not 1 <= top_k <= MAX_K:
-            raise ConfigError(f"top_k {top_k} must be in [1, {MAX_K}]")
-        self.tool_time, self.top_k = tool_time, top_k
-        self._loaded: dict[Path | None, ReActData] = {}
 
     def load(self, data: DataConfig) -> ReActData:
         """Questions, corpus and index of ``data.data_dir`` (validated once, then kept)."""
@@ -83,24 +70,10 @@ class ReActWorkload(Workload):
             self._loaded[data.data_dir] = ReActData(records, corpus, index_for(corpus))
         return self._loaded[data.data_dir]
 
-    def check_data(self, data: DataConfig) -> None:
-        self.load(data)
-
-    def records(self, data: DataConfig, split: str) -> list[MusiqueRecord]:
-        """The records of one split in file order (``all`` for both)."""
-        if split not in (*SPLITS, "all"):
-            raise ConfigError(f"split {split!r}: choose from {list(SPLITS)}")
-        return in_split(self.load(data).records, split)
-
     def requests(
         self, data: DataConfig, n: int, seed: int, split: str = "test"
     ) -> Sequence[ReActRequest]:
-        if n < 0:
-            raise ConfigError(f"requests: n={n} must be >= 0")
-        loaded = self.load(data)
-        pool = self.records(data, split)
-        if not pool and n:
-            raise DataError(f"react: the {split} split of {data.data_dir} has no questions")
+        loaded, pool = self.load(data), self.pool(data, n, split)
         return [
             ReActRequest(
                 f"react-{i:05d}-{r.id}", r, RetrieveTool(loaded.index, self.tool_time), self.top_k

@@ -20,18 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynbranch.datasets import require_dataset
-from dynbranch.errors import ConfigError, DataError
-from dynbranch.workload import DataConfig, Workload
+from dynbranch.errors import ConfigError
+from dynbranch.workload import DataConfig
 from workloads.musique import (
     DEV_DECOMPOSITIONS,
     MusiqueRecord,
     draw,
-    in_split,
     load_decompositions,
 )
+from workloads.react.base import DEFAULT_TOP_K, MusiqueWorkload
 from workloads.react.retrieval import (
-    MAX_K,
-    TOOL_TIMES,
     Bm25Index,
     RetrieveTool,
     index_for,
@@ -40,9 +38,6 @@ from workloads.react.retrieval import (
 from workloads.subagent.mix import partial_overlap_mix
 from workloads.subagent.request import SubAgentRequest
 from workloads.subagent.template import TEMPLATE
-
-SPLITS = ("train", "test")
-DEFAULT_TOP_K = 3
 
 
 @dataclass(frozen=True)
@@ -58,7 +53,7 @@ def load_subagent_questions(data_dir: Path | None) -> tuple[MusiqueRecord, ...]:
     return load_decompositions(require_dataset(data_dir, "musique") / DEV_DECOMPOSITIONS)
 
 
-class SubAgentWorkload(Workload):
+class SubAgentWorkload(MusiqueWorkload):
     """Sub-Agent research over MuSiQue. Options as :class:`~workloads.react.ReActWorkload`:
     ``tool_time`` (``measured`` by default, or ``modelled``) and ``top_k``; ``mix`` =
     ``"partial-overlap"`` draws Table 1's mix instead (:mod:`workloads.subagent.mix`)."""
@@ -71,13 +66,8 @@ class SubAgentWorkload(Workload):
                  mix: str | None = None) -> None:
         if mix not in (None, "partial-overlap"):
             raise ConfigError(f"subagent mix {mix!r}: choose 'partial-overlap' or none")
+        super().__init__(tool_time, top_k)
         self.mix = mix
-        if tool_time not in TOOL_TIMES:
-            raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
-        if not 1 <= top_k <= MAX_K:
-            raise ConfigError(f"top_k {top_k} must be in [1, {MAX_K}]")
-        self.tool_time, self.top_k = tool_time, top_k
-        self._loaded: dict[Path | None, SubAgentData] = {}
 
     def load(self, data: DataConfig) -> SubAgentData:
         """Decompositions and index of ``data.data_dir`` (validated once, then kept)."""
@@ -88,24 +78,10 @@ class SubAgentWorkload(Workload):
             )
         return self._loaded[data.data_dir]
 
-    def check_data(self, data: DataConfig) -> None:
-        self.load(data)
-
-    def records(self, data: DataConfig, split: str) -> list[MusiqueRecord]:
-        """The records of one split in file order (``all`` for both)."""
-        if split not in (*SPLITS, "all"):
-            raise ConfigError(f"split {split!r}: choose from {list(SPLITS)}")
-        return in_split(self.load(data).records, split)
-
     def requests(
         self, data: DataConfig, n: int, seed: int, split: str = "test"
     ) -> Sequence[SubAgentRequest]:
-        if n < 0:
-            raise ConfigError(f"requests: n={n} must be >= 0")
-        loaded = self.load(data)
-        pool = self.records(data, split)
-        if not pool and n:
-            raise DataError(f"subagent: the {split} split of {data.data_dir} has no questions")
+        loaded, pool = self.load(data), self.pool(data, n, split)
         if self.mix == "partial-overlap":
             train = self.records(data, "train" if split == "test" else "test")
             stream = partial_overlap_mix(pool, train, n, seed)
