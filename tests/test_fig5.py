@@ -124,7 +124,7 @@ def test_fig5b_rows_summary_and_files(tmp_path):
         ("increase", "paper_increase", "fitted", "kv_share", "engine", "fills"),
     )
     frame = pd.read_parquet(tmp_path / "results.parquet")
-    assert set(frame.variant) == {"shipped", "calibrated"}
+    assert set(frame.variant) == {"prior", "calibrated"}
     fitted = frame[frame.fitted]
     assert sorted(zip(fitted.fills, fitted.context_words, strict=True)) == [(24, 4500), (48, 1000)]
     assert set(fitted.variant) == {"calibrated"}
