@@ -68,7 +68,7 @@ def _gate_stats(cell: Cell, result: Any) -> dict[str, Any]:
             "p_star": cell.replay.get("p_star"),
             "fills_per_request": result.summary["fills_issued"] / n,
             "openings_per_request": spec.get("generated", 0) / n,
-            "drafting_s_per_request": spec.get("draft_s", 0.0) / n}
+            "drafting_s_per_request": spec.get("drafting", {}).get("drafting_s", 0.0) / n}
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
