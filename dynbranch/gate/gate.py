@@ -238,7 +238,7 @@ class Gate:
         view = view.max(self._reservation_view())
         decided, admitted = self._greedy(coordinate, candidates, probs, view, now)
         if self._policy.audits and self.config.audit_rate > 0.0:
-            self._audit(coordinate, candidates, decided, admitted, now)
+            self._audit(coordinate, candidates, decided, admitted, view, now)
         self.counters["admit_calls"] += 1
         self.counters["candidates"] += len(candidates)
         out = [decided[n] for n in names]
@@ -291,17 +291,23 @@ class Gate:
         candidates: Sequence[Candidate],
         decided: dict[str, Admission],
         admitted: list[Candidate],
+        view: LoadView,
         now: float,
     ) -> None:
         """Seeded audits: admit a policy-refused candidate now and then, if it still fits.
 
+        The audit rate is scaled by the engines' idle share ``1 - busy``: an audit is an
+        exploration fill the price refused, cheap on idle engines and pure queueing on
+        saturated ones, where the gate has nothing to learn that it can act on.
+
         NOTE: one draw per refused candidate, in input order, whether or not it then fits:
         the RNG stream depends only on the decisions, so runs replay exactly.
         """
+        rate = self.config.audit_rate * (1.0 - view.busy)
         for c in candidates:
             if decided[c.name].reason != self._policy.refusal:
                 continue
-            if not self._draw(self.config.audit_rate) or len(admitted) >= self.config.fanout:
+            if not self._draw(rate) or len(admitted) >= self.config.fanout:
                 continue
             receipt = self._reserve(coordinate, c, admitted, now)
             if receipt is not None:
