@@ -33,7 +33,7 @@ from dynbranch.hooks import BranchSession, RunContext, Served, StageCall, StageO
 from dynbranch.placement import PlacementPolicy
 from dynbranch.records import BranchRecord, RequestRecord, StageRecord
 from dynbranch.workflow import BranchPoint, StageSpec, as_text
-from dynbranch.workload import RequestInstance, Tool, ToolResult
+from dynbranch.workload import BranchResolution, RequestInstance, Tool, ToolResult
 
 
 class EnginePool:
@@ -182,18 +182,6 @@ class Orchestrator:
             status=status, correct=correct, error_type=etype, error=emsg, stages=len(rows))
 
 
-class _Branch:
-    """An open branch; the workflow resolves it with what it chose."""
-
-    def __init__(self) -> None:
-        self.chosen: tuple[str, ...] | None = None
-
-    def resolve(self, *chosen: str) -> None:
-        if self.chosen is not None:
-            raise RuntimeError("a branch resolves once")
-        self.chosen = tuple(chosen)
-
-
 class RequestContext:
     """The :class:`~dynbranch.workload.StageContext` of one request."""
 
@@ -279,7 +267,7 @@ class RequestContext:
     # -- branches -------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def branch(self, point: BranchPoint) -> AsyncIterator[_Branch]:
+    async def branch(self, point: BranchPoint) -> AsyncIterator[BranchResolution]:
         record = BranchRecord(self.request_id, str(point.coordinate), list(point.candidates),
                               [], self._o.rel(), None)
         self._o.log.branches.append(record)
@@ -289,7 +277,7 @@ class RequestContext:
             fillable=lambda candidate: self.instance.fillable(point, candidate),
             start_fill=lambda candidate, **kw: self._o.fills.start(self, point, candidate, **kw))
         await self._o.branch_hook.opened(session)
-        scope = _Branch()
+        scope = BranchResolution()
         # NOTE: stages decided inside the body and those that follow it carry this coordinate
         # until the next branch opens.
         self._coordinate = str(point.coordinate)

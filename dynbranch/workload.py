@@ -96,6 +96,18 @@ class BranchScope(Protocol):
     def resolve(self, *chosen: str) -> None: ...
 
 
+class BranchResolution:
+    """The plain :class:`BranchScope`: records what a branch resolved to, once."""
+
+    def __init__(self) -> None:
+        self.chosen: tuple[str, ...] | None = None
+
+    def resolve(self, *chosen: str) -> None:
+        if self.chosen is not None:
+            raise RuntimeError("a branch resolves once")
+        self.chosen = tuple(chosen)
+
+
 class StageContext(Protocol):
     """What a request's program uses to run stages; the orchestrator implements it."""
 

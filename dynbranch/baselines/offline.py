@@ -19,7 +19,7 @@ from typing import Any
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest
 from dynbranch.engines.sim import replay_plan
 from dynbranch.workflow import BranchPoint, RenderedInput, StageSpec
-from dynbranch.workload import RequestInstance
+from dynbranch.workload import BranchResolution, RequestInstance
 
 Generate = Callable[[GenerateRequest], Awaitable[str]]
 """Answers one LLM call with its output text (an engine client's ``generate`` adapted)."""
@@ -67,16 +67,6 @@ class Precomputed:
         return any(s.effectful for s in self.stages)
 
 
-class _Scope:
-    def __init__(self) -> None:
-        self.chosen: tuple[str, ...] | None = None
-
-    def resolve(self, *chosen: str) -> None:
-        if self.chosen is not None:
-            raise RuntimeError("a branch resolves once")
-        self.chosen = tuple(chosen)
-
-
 @dataclass
 class OfflineContext:
     """A sequential stage context over one request (see the module docstring)."""
@@ -116,8 +106,8 @@ class OfflineContext:
         self._keep(spec, rendered, None)
 
     @contextlib.asynccontextmanager
-    async def branch(self, point: BranchPoint) -> AsyncIterator[_Scope]:
-        scope = _Scope()
+    async def branch(self, point: BranchPoint) -> AsyncIterator[BranchResolution]:
+        scope = BranchResolution()
         self._coordinate = str(point.coordinate)  # as the orchestrator labels stages
         yield scope
         if scope.chosen is None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynbranch.workflow import BranchPoint, RenderedInput
-from dynbranch.workload import RequestInstance, ToolResult
+from dynbranch.workload import BranchResolution, RequestInstance, ToolResult
 
 
 class ReplayGapError(RuntimeError):
@@ -36,16 +36,6 @@ class Trace:
     def inputs(self, stage: str) -> list[RenderedInput]:
         """The rendered inputs of ``stage``, in the order they ran."""
         return [r for r in self.rendered if r.stage == stage]
-
-
-class _Scope:
-    def __init__(self) -> None:
-        self.chosen: tuple[str, ...] | None = None
-
-    def resolve(self, *chosen: str) -> None:
-        if self.chosen is not None:
-            raise RuntimeError("a branch resolves once")
-        self.chosen = tuple(chosen)
 
 
 class TraceContext:
@@ -80,7 +70,7 @@ class TraceContext:
 
     @asynccontextmanager
     async def branch(self, point: BranchPoint):
-        scope = _Scope()
+        scope = BranchResolution()
         yield scope
         if scope.chosen is None:
             raise RuntimeError(f"{self.request_id}: branch {point.coordinate} did not resolve")
