@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +46,12 @@ from dynbranch.clock import Clock
 from dynbranch.engines.profile import kv_blocks_for
 from dynbranch.engines.protocol import (
     SPECULATIVE,
-    Engine,
     GenerateChunk,
     GenerateRequest,
     GenerateResult,
     LoadSnapshot,
 )
+from dynbranch.engines.queued import DONE, RUNNING, WAITING, QueuedEngine
 from dynbranch.errors import EngineError, ModelNotFoundError, PromptTooLongError
 
 if TYPE_CHECKING:
@@ -226,7 +226,6 @@ def _load(model_path: Path, device: str, dtype: str) -> tuple[Any, Any]:
 
 # -- one request inside the engine ----------------------------------------------------------
 
-WAITING, RUNNING, DONE = "waiting", "running", "done"
 
 
 @dataclass(eq=False)
@@ -260,7 +259,7 @@ class _Seq:
 # -- the engine -----------------------------------------------------------------------------
 
 
-class HFEngine(Engine):
+class HFEngine(QueuedEngine):
     """Greedy decoding of a local transformers causal LM (see the module doc).
 
     ``kv_blocks`` is the KV budget in blocks of :data:`BLOCK_SIZE` tokens; a request is
@@ -348,32 +347,6 @@ class HFEngine(Engine):
         self._max_len = model.config.max_position_embeddings
         self._wake = asyncio.Event()
         self._loop_task = loop.create_task(self._step_loop(), name=f"{self.engine_id}-steps")
-
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        seq = self._submit(request)
-        try:
-            while True:
-                chunk = await seq.chunks.get()
-                if chunk is None:
-                    raise EngineError(
-                        f"engine {self.engine_id}: step loop failed: {self._failure!r}"
-                    ) from self._failure
-                yield chunk
-                if chunk.finished:
-                    return
-        finally:
-            # NOTE: a consumer that is cancelled or stops iterating aborts its request, so it
-            # neither keeps a batch slot nor holds KV.
-            if seq.state != DONE:
-                self._end(seq, "abort")
-
-    async def abort(self, request_id: str) -> bool:
-        seq = self._seqs.get(request_id)
-        if seq is None:
-            return False
-        # NOTE: a forward pass in flight may include it; its token is dropped on return.
-        self._end(seq, "abort")
-        return True
 
     def load(self) -> LoadSnapshot:
         spec_running = [s for s in self._running if s.priority >= SPECULATIVE]

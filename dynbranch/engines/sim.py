@@ -24,19 +24,19 @@ import contextlib
 import hashlib
 import struct
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dynbranch.clock import Clock
 from dynbranch.engines.profile import Profile, SeqWork, kv_blocks_for
 from dynbranch.engines.protocol import (
     SPECULATIVE,
-    Engine,
     GenerateChunk,
     GenerateRequest,
     GenerateResult,
     LoadSnapshot,
 )
+from dynbranch.engines.queued import DONE, RUNNING, WAITING, QueuedEngine
 from dynbranch.engines.tokenizer import encode, pieces
 from dynbranch.errors import EngineError, PromptTooLongError
 
@@ -173,7 +173,6 @@ class BlockPool:
 
 # -- one request inside the engine ----------------------------------------------------------
 
-WAITING, RUNNING, DONE = "waiting", "running", "done"
 
 
 @dataclass(eq=False)
@@ -242,7 +241,7 @@ class _StepPlan:
 # -- the engine -----------------------------------------------------------------------------
 
 
-class SimEngine(Engine):
+class SimEngine(QueuedEngine):
     """A continuous-batching engine simulated on the injected clock (see the module doc).
 
     ``kv_blocks`` overrides the KV pool size the profile derives (tests use tiny pools);
@@ -288,31 +287,6 @@ class SimEngine(Engine):
             self._loop_task = asyncio.get_running_loop().create_task(
                 self._step_loop(), name=f"{self.engine_id}-steps"
             )
-
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        seq = self._submit(request)
-        try:
-            while True:
-                chunk = await seq.chunks.get()
-                if chunk is None:
-                    raise EngineError(
-                        f"engine {self.engine_id}: step loop failed: {self._failure!r}"
-                    ) from self._failure
-                yield chunk
-                if chunk.finished:
-                    return
-        finally:
-            # NOTE: a consumer that is cancelled or stops iterating must not leave its
-            # request running (and holding KV blocks) inside the engine.
-            if seq.state != DONE:
-                self._end(seq, "abort")
-
-    async def abort(self, request_id: str) -> bool:
-        seq = self._seqs.get(request_id)
-        if seq is None:
-            return False
-        self._end(seq, "abort")
-        return True
 
     def load(self) -> LoadSnapshot:
         spec_running = [s for s in self._running if s.priority >= SPECULATIVE]
