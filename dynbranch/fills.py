@@ -28,12 +28,13 @@ from typing import TYPE_CHECKING, Any
 from dynbranch.canonical import value_digest
 from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest
 from dynbranch.errors import NotSpeculable
-from dynbranch.hooks import StageCall, StageOutcome
+from dynbranch.hooks import StageCall, StageOutcome, upstream_of
 from dynbranch.records import StageRecord
 from dynbranch.workflow import BranchPoint, as_text
 
 if TYPE_CHECKING:
     from dynbranch.orchestrator import Orchestrator, RequestContext
+
 
 DEFAULT_DEPTH = 2
 """Stages one fill may run (e.g. handler + executor); deeper fills rarely finish in time."""
@@ -164,7 +165,7 @@ class FillContext:
         self._o, self._ctx, self._fill, self._depth = orch, ctx, fill, depth
         self._claimed = claimed
         self.request_id = ctx.request_id
-        self._lineage: list[tuple[str, str, dict[str, str]]] = []
+        self._lineage: list[tuple[str, str]] = []  # the fill's own (reuse name, output)
 
     async def llm(self, stage: str, values: Mapping[str, Any]) -> str:
         call = self._prepare(stage, "llm", values)
@@ -219,12 +220,8 @@ class FillContext:
             raise NotSpeculable(f"stage {stage} is not speculable for this input")
         if self._fill.stages >= self._depth:
             raise NotSpeculable(f"fill depth {self._depth} reached at {stage}")
-        names, reads = list(call.upstream), dict(call.inherited_reads)
-        for name, output, read_set in self._lineage:
-            if output in call.rendered.text:
-                names.append(name)
-                reads.update(read_set)
-        return dataclasses.replace(call, upstream=tuple(names), inherited_reads=reads)
+        upstream = call.upstream + upstream_of(self._lineage, call.rendered.text)
+        return dataclasses.replace(call, upstream=upstream)
 
     async def _run(self, call: StageCall, execute) -> Any:
         self._fill.stages += 1
@@ -234,7 +231,7 @@ class FillContext:
         name = hook.reuse_name(call)
         text = value if isinstance(value, str) else as_text(value)
         if name and text:
-            self._lineage.append((name, text, dict(call.inherited_reads)))
+            self._lineage.append((name, text))
         return value
 
     def _log(self, call: StageCall, start: float, engine: str, output: Any) -> StageRecord:

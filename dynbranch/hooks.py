@@ -13,7 +13,7 @@ orchestrator's own path is the no-reuse floor.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +52,7 @@ class StageCall:
     speculable (deterministic, safe to run twice) and, for a tool stage, this call declared
     read-only by its tool — a call with external effects must always execute. ``upstream``
     names the records of the same request whose outputs this input was rendered from (C1's
-    provenance), and ``inherited_reads`` is the union of their read-sets.
+    provenance: a write reaches this stage's record through them, by cascade).
     """
 
     request_id: str
@@ -61,7 +61,15 @@ class StageCall:
     rendered: RenderedInput
     reusable: bool = False
     upstream: tuple[str, ...] = ()
-    inherited_reads: Mapping[str, str] = field(default_factory=dict)
+
+
+def upstream_of(lineage: Sequence[tuple[str, str]], text: str) -> tuple[str, ...]:
+    """Reuse names of the records in ``lineage`` whose output appears verbatim in ``text``.
+
+    NOTE: containment over-approximates what an input was rendered from (a short output may
+    occur by chance), which only widens the write cascade: safe, never unsafe.
+    """
+    return tuple(name for name, output in lineage if output in text)
 
 
 @dataclass(frozen=True)

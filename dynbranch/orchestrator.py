@@ -29,7 +29,14 @@ from dynbranch.engines.protocol import (
 )
 from dynbranch.errors import DynBranchError, RenderError, StageError, ToolCallError
 from dynbranch.fills import FillRunner
-from dynbranch.hooks import BranchSession, RunContext, Served, StageCall, StageOutcome
+from dynbranch.hooks import (
+    BranchSession,
+    RunContext,
+    Served,
+    StageCall,
+    StageOutcome,
+    upstream_of,
+)
 from dynbranch.placement import PlacementPolicy
 from dynbranch.records import BranchRecord, RequestRecord, StageRecord
 from dynbranch.workflow import BranchPoint, StageSpec, as_text
@@ -190,7 +197,7 @@ class RequestContext:
         self.request_id = instance.request_id
         self.stages_run = self.prompt_tokens = self.output_tokens = self._calls = 0
         self.last_human_end: float | None = None
-        self._lineage: list[tuple[str, str, dict[str, str]]] = []
+        self._lineage: list[tuple[str, str]] = []  # (reuse name, output text)
         self._coordinate: str | None = None
 
     # -- stages ---------------------------------------------------------------------------
@@ -223,7 +230,7 @@ class RequestContext:
         record.engine_s, record.preemptions = result.engine_s, result.preemptions
         await self._o.reuse.record(call, StageOutcome(
             result.text, {}, {}, client.engine_id, record.duration))
-        self._remember(call, result.text, {})
+        self._remember(call, result.text)
         return result.text
 
     async def tool(self, stage: str, values: Mapping[str, Any]) -> Any:
@@ -245,7 +252,7 @@ class RequestContext:
             await self._o.reuse.writes(self.request_id, result.writes)
         await self._o.reuse.record(call, StageOutcome(
             result.value, dict(result.reads), dict(result.writes), tool.name, record.duration))
-        self._remember(call, as_text(result.value), dict(result.reads))
+        self._remember(call, as_text(result.value))
         return result.value
 
     def _call_tool(self, call: StageCall, tool: Tool, start: float) -> tuple[ToolResult, float]:
@@ -303,10 +310,9 @@ class RequestContext:
             rendered = spec.render(values)
         except (KeyError, TypeError, ValueError) as e:
             raise RenderError(self.request_id, stage, f"cannot render input: {e}") from e
-        upstream, reads = self._lineage_of(rendered.text)
         return StageCall(self.request_id, spec, template.fingerprint(stage), rendered,
                          reusable=self._reusable(spec, rendered.fields),
-                         upstream=upstream, inherited_reads=reads)
+                         upstream=upstream_of(self._lineage, rendered.text))
 
     def _audit(self, call: StageCall) -> str:
         """What canonical execution of a served stage returns now, for the splice checker.
@@ -335,24 +341,10 @@ class RequestContext:
             return self.instance.tool(spec.tool).is_read_only(fields)
         return spec.kind == "llm"
 
-    def _lineage_of(self, text: str) -> tuple[tuple[str, ...], dict[str, str]]:
-        """Records of this request whose output appears verbatim in ``text``.
-
-        NOTE: containment over-approximates what an input was rendered from (a short output
-        may occur by chance), which only widens the write cascade: safe, never unsafe.
-        """
-        names: list[str] = []
-        reads: dict[str, str] = {}
-        for name, output, read_set in self._lineage:
-            if output in text:
-                names.append(name)
-                reads.update(read_set)
-        return tuple(names), reads
-
-    def _remember(self, call: StageCall, output: str, read_set: Mapping[str, str]) -> None:
+    def _remember(self, call: StageCall, output: str) -> None:
         name = self._o.reuse.reuse_name(call)
         if name and output:
-            self._lineage.append((name, output, {**call.inherited_reads, **read_set}))
+            self._lineage.append((name, output))
 
     def _record(self, call: StageCall, start: float, *, engine: str, output: Any = None,
                 error: str = "") -> StageRecord:
@@ -374,5 +366,5 @@ class RequestContext:
         if self._o.audit:
             record.audit_digest = self._audit(call)
         text = served.value if isinstance(served.value, str) else as_text(served.value)
-        self._remember(call, text, served.read_set)
+        self._remember(call, text)
         return served.value
