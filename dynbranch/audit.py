@@ -20,7 +20,7 @@ import bisect
 from collections import defaultdict
 from collections.abc import Iterable
 
-from dynbranch.records import StageRecord
+from dynbranch.runtime.runlog import StageRecord
 
 
 def unsafe_splices(stages: Iterable[StageRecord]) -> list[StageRecord]:

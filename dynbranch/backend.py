@@ -10,20 +10,22 @@ both, and engines are grouped by *model role* (``target`` serves canonical stage
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dynbranch.clock import Clock
-from dynbranch.engines.protocol import Engine, GenerateRequest, GenerateResult, LoadSnapshot
-from dynbranch.hooks import ModelId
+from dynbranch.engines.client import EngineClient, LocalEngineClient
+from dynbranch.engines.protocol import Engine
+from dynbranch.runtime.pool import DRAFTER_ROLE
+from dynbranch.runtime.run import ModelId
 
 if TYPE_CHECKING:
     from dynbranch.reuse.client import StoreClient
 
 BACKENDS = ("local", "ray")
-DRAFTER_ROLE = "drafter"
-"""The model role of the engines predictors draft on (never serves a stage, never priced)."""
+__all__ = ["BACKENDS", "DRAFTER_ROLE", "Backend", "EngineClient", "EngineSpec", "LocalBackend",
+           "LocalEngineClient"]
 
 
 @dataclass(frozen=True)
@@ -40,47 +42,15 @@ class EngineSpec:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
 
 
-class EngineClient(ABC):
-    """The orchestrator's handle on one engine, wherever it runs."""
-
-    engine_id: str
-
-    @abstractmethod
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """Run one call to completion."""
-
-    @abstractmethod
-    async def abort(self, request_id: str) -> bool:
-        """Cancel a call by id."""
-
-    @abstractmethod
-    async def load(self) -> LoadSnapshot:
-        """The engine's load snapshot."""
-
-
-class LocalEngineClient(EngineClient):
-    """A client for an engine running in the caller's own event loop."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.engine_id = engine.engine_id
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self.engine.generate(request)
-
-    async def abort(self, request_id: str) -> bool:
-        return await self.engine.abort(request_id)
-
-    async def load(self) -> LoadSnapshot:
-        return self.engine.load()
-
-
 class Backend(ABC):
     """Starts engines for each model role and stops them."""
 
     name: str
     clock: Clock
     _roles: dict[str, EngineSpec]
+    make_gate: Callable[..., Any] | None = None
+    """A factory of the backend's one central gate (Ray); ``None``: each run's gate lives in
+    the driver's process."""
 
     @abstractmethod
     async def start(self) -> None:

@@ -18,18 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dynbranch.arms import Arm, get_arm
+from dynbranch.arms.base import Arm
+from dynbranch.arms.registry import get_arm
 from dynbranch.arrivals import PROCESSES, arrival_times
 from dynbranch.backend import BACKENDS, DRAFTER_ROLE, Backend, EngineSpec, LocalBackend
 from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
 from dynbranch.errors import ConfigError, ModelNotFoundError, NotBuiltError, UnknownNameError
-from dynbranch.hooks import RunContext
 from dynbranch.orchestrator import Orchestrator
-from dynbranch.records import RequestRecord
+from dynbranch.runtime.run import (
+    DEFAULT_DEPTH,
+    DEFAULT_FANOUT,
+    GATE_POLICIES,
+    FillOptions,
+    GateOptions,
+    RunContext,
+)
+from dynbranch.runtime.runlog import RequestRecord
 from dynbranch.workload import DataConfig, RequestInstance, Workload
-
-GATES = ("priced", "topk", "fixed-threshold", "priced-a1-only", "priced-a0-fixed")
-"""Fill policies of the C2 arms (see :func:`dynbranch.arms._speculator`)."""
 
 
 @dataclass(frozen=True)
@@ -47,12 +52,12 @@ class ReplayConfig:
     requests: int = 30
     seed: int = 0
     workers: int = 4
-    fanout: int = 2
+    fanout: int = DEFAULT_FANOUT
     arrival: str = "poisson"
     cv: float = 1.0
     split: str = "test"
     tool_time: str = "modelled"
-    depth: int = 2
+    depth: int = DEFAULT_DEPTH
     predictor: str | None = None
     drafter_profile: str = "qwen3-0.6b@h200"  # the sim drafter's profile
     drafter_model: str | None = None  # a real drafter (hf | vllm): its local model directory
@@ -99,7 +104,7 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     _check_choice("clock", cfg.clock, CLOCKS)
     _check_choice("arrival process", cfg.arrival, PROCESSES)
     _check_choice("split", cfg.split, ("test", "train"))
-    _check_choice("gate", cfg.gate, GATES)
+    _check_choice("gate", cfg.gate, GATE_POLICIES)
     _check_engine(cfg.engine)
     _check_model(cfg)
     _check_drafter(cfg)
@@ -260,25 +265,11 @@ async def _replay(prepared: Prepared, backend: Backend
                   ) -> tuple[list[RequestRecord], Orchestrator]:
     await backend.start()
     try:
-        cfg = prepared.config
-        options = {"fanout": cfg.fanout, "depth": cfg.depth,
-                   "predictor": cfg.predictor or prepared.workload.predictor,
-                   "gate": cfg.gate, "p_star": cfg.p_star, "seed": cfg.seed,
-                   "workers": cfg.workers, "profile": cfg.profile,
-                   "predictor_options": _predictor_options(cfg),
-                   "replay": cfg.engine in ("sim", "zero")}
-        make_gate = getattr(backend, "make_gate", None)
-        if make_gate is not None:  # Ray: the run's one central gate actor
-            options["make_gate"] = make_gate
-        run = RunContext(
-            clock=prepared.clock, arm=prepared.arm.name, tenant=cfg.tenant,
-            models=backend.models(), options=options,
-            make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction))
+        run = run_context(prepared, backend)
         orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
-        prepopulate = getattr(orch.reuse, "prepopulate", None)
-        if prepopulate is not None:  # InstCache: predicted requests, before the clock starts
-            await prepopulate(prepared.workload, prepared.data, cfg.seed,
-                              measured_split=cfg.split)
+        # NOTE: before the clock starts (InstCache's predicted requests; others do nothing)
+        await orch.reuse.prepopulate(prepared.workload, prepared.data, prepared.config.seed,
+                                     measured_split=prepared.config.split)
         records = await _launch_all(prepared, orch)
         await orch.finish_run()
     finally:
@@ -286,10 +277,23 @@ async def _replay(prepared: Prepared, backend: Backend
     return records, orch
 
 
-def _predictor_options(cfg: ReplayConfig) -> dict[str, Any]:
-    if cfg.predictor == "drafter":
-        return {"samples": cfg.drafter_samples, "seed": cfg.seed}
-    return {}
+def run_context(prepared: Prepared, backend: Backend) -> RunContext:
+    """The run's context: its typed options from the config, its store and gate from the
+    backend (Ray: one central gate actor and sharded store actors)."""
+    cfg = prepared.config
+    predictor_options = ({"samples": cfg.drafter_samples, "seed": cfg.seed}
+                         if cfg.predictor == "drafter" else {})
+    return RunContext(
+        clock=prepared.clock, arm=prepared.arm.name, tenant=cfg.tenant,
+        models=backend.models(),
+        fill=FillOptions(fanout=cfg.fanout, depth=cfg.depth,
+                         predictor=cfg.predictor or prepared.workload.predictor,
+                         predictor_options=predictor_options),
+        gate=GateOptions(policy=cfg.gate, p_star=cfg.p_star, profile=cfg.profile,
+                         engines=cfg.workers, seed=cfg.seed),
+        replay=cfg.engine in ("sim", "zero"),
+        make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction),
+        make_gate=backend.make_gate)
 
 
 async def _launch_all(prepared: Prepared, orch: Orchestrator) -> list[RequestRecord]:

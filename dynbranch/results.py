@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from dynbranch.audit import unsafe_splices
-from dynbranch.records import BranchRecord, RequestRecord, StageRecord
+from dynbranch.runtime.runlog import BranchRecord, RequestRecord, StageRecord
 
 SUMMARY_FIELDS = (
     "workload", "arm", "engine", "backend", "rate", "requests", "completed", "failed",

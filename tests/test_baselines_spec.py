@@ -7,38 +7,41 @@ from pathlib import Path
 
 import pytest
 
-import dynbranch.arms
+import dynbranch.arms.registry
 from dynbranch.audit import unsafe_splices
 from dynbranch.backend import EngineSpec, LocalBackend
 from dynbranch.baselines import (
     DepthLearner,
     DepthOutcome,
     DSPConfig,
-    DSPReuseHook,
     LoadThrottle,
     ParrotConfig,
     ParrotPlacement,
-    PrefixMatcher,
     SPAgentConfig,
     dsp_arm,
     parrot_arm,
     spagent_arm,
 )
+from dynbranch.baselines.parrot import PrefixMatcher
 from dynbranch.clock import VirtualClock
 from dynbranch.driver import ReplayConfig, prepare, run_replay
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest, LoadSnapshot
-from dynbranch.hooks import BranchHook, ReuseHook, RunContext
+from dynbranch.fill import NoSpeculation
 from dynbranch.orchestrator import Orchestrator
-from dynbranch.placement import SessionAffinity
+from dynbranch.reuse.hook import NoReuse
+from dynbranch.reuse.store_hook import StoreReuseHook
+from dynbranch.runtime.placement import SessionAffinity
+from dynbranch.runtime.run import FillOptions, RunContext
 from tests.shared_kv import ReadRequest, SharedKV
 from tests.toy import ToyRequest
 
-FLOOR = dynbranch.arms.BUILT["floor"]
+FLOOR = dynbranch.arms.registry.BUILT["floor"]
 ARMS = {"dsp": dsp_arm, "spagent": spagent_arm, "parrot": parrot_arm}
 
 
-def run(arm, requests, *, workers=2, spacing=0.0, options=None, background=0):
-    """Run ``requests`` through the arm object ``arm`` on ``workers`` sim engines.
+def run(arm, requests, *, workers=2, spacing=0.0, depth=2, config=None, background=0):
+    """Run ``requests`` through the arm object ``arm`` on ``workers`` sim engines, with fill
+    depth ``depth`` and the arm's own typed ``config``.
 
     ``background`` long canonical calls are started on every engine first and cancelled at
     the end: a loaded engine. Returns (records, orchestrator, engine loads at the end).
@@ -50,7 +53,7 @@ def run(arm, requests, *, workers=2, spacing=0.0, options=None, background=0):
         await backend.start()
         try:
             ctx = RunContext(clock=clock, arm=arm.name, models=backend.models(),
-                             options={"predictor": "frequency", **(options or {})},
+                             fill=FillOptions(depth=depth), arm_config=config,
                              make_store=lambda: backend.make_store(1 << 26))
             orch = Orchestrator(clock, backend.clients(), arm, run=ctx)
             hold = [asyncio.create_task(c.generate(GenerateRequest(
@@ -159,14 +162,14 @@ def test_dsp_fills_the_top_candidate_only_and_stops_it_at_its_depth_budget():
     assert speculative(orch) == ["lookup"]
     fills = orch.mechanism_stats["speculation"]["fills"]
     assert fills["issued"] == 1 and fills["stopped"] == 1 and fills["running"] == 0
-    assert orch.reuse.tracked == 0  # no fill's budget outlived its request
+    assert orch.fills.running == 0  # no fill outlived its request
 
 
 def test_dsp_k_falls_when_fills_are_never_consumed_and_rises_when_they_are():
-    options = {"dsp_alpha": 0.5, "dsp_probe_every": 2}
+    config = DSPConfig(alpha=0.5, probe_every=2)
     missed = [_Mispredicted(3 * i, context_words=2500) for i in range(6)]
     hit = [ToyRequest(3 * i, context_words=2500) for i in range(6, 18)]  # key "alpha" each
-    records, orch, _ = run(dsp_arm(), missed + hit, spacing=10.0, options=options)
+    records, orch, _ = run(dsp_arm(), missed + hit, spacing=10.0, config=config)
     assert all(r.correct == 1.0 for r in records)
     rows = [s for s in orch.log.stages if s.speculative]
     per_request = {r.request_id: [s.stage for s in rows if s.request_id == r.request_id]
@@ -175,14 +178,14 @@ def test_dsp_k_falls_when_fills_are_never_consumed_and_rises_when_they_are():
     assert [len(per_request[r.request_id]) for r in missed[2:]] == [0, 1, 0, 1]
     # hit: probes get consumed, k comes back and every later entry is filled
     assert all(per_request[r.request_id] for r in hit[-4:])
-    assert orch.branch_hook.dsp.learner.best_k(("toy", "plan")) >= 1
+    assert orch.branch_hook.policy.learner.best_k(("toy", "plan")) >= 1
     assert orch.mechanism_stats["speculation"]["fills"]["consumed"] >= 4
 
 
 def test_dsp_never_reuses_across_requests():
     reqs = lambda: [ToyRequest(0), ToyRequest(3), ToyRequest(6)]  # noqa: E731 - equal lookups
-    _, off, _ = run(dsp_arm(), reqs(), spacing=5.0, options={"depth": 0})  # K = 0: no fills
-    assert isinstance(off.reuse, DSPReuseHook) and not off.reuse.cross_request
+    _, off, _ = run(dsp_arm(), reqs(), spacing=5.0, depth=0)  # K = 0: no fills
+    assert isinstance(off.reuse, StoreReuseHook) and not off.reuse.cross_request
     assert {s.served_from for s in off.log.stages} == {"exec"}
     assert speculative(off) == []
     _, on, _ = run(dsp_arm(), reqs(), spacing=5.0)
@@ -228,16 +231,16 @@ def test_spagent_fills_only_while_engine_load_is_under_the_threshold():
     assert all(load.running == 0 and load.waiting == 0 for load in loads)
     # the same load with a higher bar is headroom again
     _, raised, _ = run(spagent_arm(), request(), workers=1, background=8,
-                       options={"spagent_max_sequences": 9})
+                       config=SPAgentConfig(max_sequences=9))
     assert raised.mechanism_stats["speculation"]["fills"]["issued"] == 1
 
 
 def test_spagent_stops_a_search_fill_after_the_search():
     records, orch, _ = run(spagent_arm(), [ToyRequest(3, context_words=2500)],
-                           options={"spagent_search_tools": ["kv"]})
+                           config=SPAgentConfig(search_tools=("kv",)))
     assert records[0].correct == 1.0
     assert speculative(orch) == ["lookup"]  # the action's result, not the reasoning after it
-    assert orch.mechanism_stats["reuse"]["after_search_stops"] == 1
+    assert orch.mechanism_stats["speculation"]["after_search_stops"] == 1
     canon = {s.stage: s.served_from for s in orch.log.stages if not s.speculative}
     assert canon["lookup"] in ("shadow", "join") and canon["answer"] == "exec"
 
@@ -259,7 +262,7 @@ def test_parrot_never_serves_from_cache_and_never_fills():
             ReadRequest("c", kv, "colour")]
     records, orch, _ = run(parrot_arm(), reqs)  # concurrent equal operators: helium joins them
     assert [r.status for r in records] == ["completed"] * 3
-    assert type(orch.reuse) is ReuseHook and type(orch.branch_hook) is BranchHook
+    assert type(orch.reuse) is NoReuse and type(orch.branch_hook) is NoSpeculation
     assert {s.served_from for s in orch.log.stages} == {"exec"}
     _, toy, _ = run(parrot_arm(), [ToyRequest(i, context_words=2500) for i in range(3)])
     assert speculative(toy) == [] and toy.mechanism_stats["speculation"]["fills"]["issued"] == 0
@@ -322,7 +325,7 @@ def test_a_bad_parrot_setting_is_refused_by_name(field, value):
 
 @pytest.mark.parametrize("name", sorted(ARMS))
 def test_each_arm_replays_routing_through_the_driver(name, tmp_path, monkeypatch):
-    monkeypatch.setitem(dynbranch.arms.BUILT, name, ARMS[name]())
+    monkeypatch.setitem(dynbranch.arms.registry.BUILT, name, ARMS[name]())
     cfg = ReplayConfig(workload="routing", arm=name, backend="local", clock="virtual",
                        requests=12, out=Path(tmp_path), progress=False,
                        workload_options={"root": "tests/fixtures/bfcl"})

@@ -4,12 +4,12 @@ import asyncio
 
 import pytest
 
-from dynbranch.arms import get_arm
+from dynbranch.arms.registry import get_arm
 from dynbranch.audit import unsafe_splices
 from dynbranch.backend import EngineSpec, LocalBackend
 from dynbranch.clock import VirtualClock
-from dynbranch.hooks import RunContext
 from dynbranch.orchestrator import Orchestrator
+from dynbranch.runtime.run import RunContext
 from tests.shared_kv import RESOURCE, ReadRequest, SharedKV, WriteRequest
 
 
@@ -137,7 +137,7 @@ def test_a_store_too_small_to_hold_anything_still_serves_every_request(capacity)
 
 
 def test_the_splice_checker_flags_a_changed_value_and_a_stale_read_set():
-    from dynbranch.records import StageRecord
+    from dynbranch.runtime.runlog import StageRecord
 
     def row(**kw):
         base = dict(request_id="r", stage="s", kind="tool", seq=0, coordinate=None,

@@ -2,12 +2,12 @@
 
 import asyncio
 
-from dynbranch.arms import get_arm
+from dynbranch.arms.registry import get_arm
 from dynbranch.audit import unsafe_splices
 from dynbranch.backend import EngineSpec, LocalBackend
 from dynbranch.clock import VirtualClock
-from dynbranch.hooks import RunContext
 from dynbranch.orchestrator import Orchestrator
+from dynbranch.runtime.run import FillOptions, GateOptions, RunContext
 from tests.shared_kv import KVTool as SharedKVTool
 from tests.shared_kv import SharedKV
 from tests.toy import KEYS, ToyRequest
@@ -21,9 +21,9 @@ def run(arm, requests, *, fanout=3, workers=2, spacing=0.0, gate="topk"):
         await backend.start()
         try:
             ctx = RunContext(clock=clock, arm=arm, models=backend.models(),
-                             options={"fanout": fanout, "predictor": "frequency",
-                                      "gate": gate, "workers": workers,
-                                      "profile": "qwen3-8b@rtx4090"},
+                             fill=FillOptions(fanout=fanout),
+                             gate=GateOptions(policy=gate, engines=workers,
+                                              profile="qwen3-8b@rtx4090"),
                              make_store=lambda: backend.make_store(1 << 26))
             orch = Orchestrator(clock, backend.clients(), get_arm(arm), run=ctx)
             t0 = orch.start_run()

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dynbranch.arms import get_arm
+from dynbranch.arms.registry import get_arm
 from dynbranch.backend import EngineSpec, LocalBackend
 from dynbranch.clock import VirtualClock
 from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateResult
-from dynbranch.hooks import RunContext
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.predictors import BranchContext, make_predictor
 from dynbranch.predictors.drafter import (
@@ -22,6 +21,7 @@ from dynbranch.predictors.drafter import (
     parse_vote,
     rank_by_votes,
 )
+from dynbranch.runtime.run import FillOptions, GateOptions, RunContext
 from dynbranch.workflow import BranchCoordinate, BranchPoint
 from dynbranch.workload import DataConfig, RequestInstance
 from tests.toy import KEYS, ToyRequest
@@ -262,9 +262,10 @@ def _run_toy_with_drafter(requests, gate="topk", samples=8, arm="c2"):
                 for client in clients:
                     _record_calls(client, calls[role])
             run = RunContext(clock=clock, arm="c2", models=backend.models(),
-                             options={"fanout": 3, "gate": gate, "workers": 2,
-                                      "profile": "qwen3-8b@rtx4090", "predictor": "drafter",
-                                      "predictor_options": {"samples": samples}},
+                             fill=FillOptions(fanout=3, predictor="drafter",
+                                              predictor_options={"samples": samples}),
+                             gate=GateOptions(policy=gate, engines=2,
+                                              profile="qwen3-8b@rtx4090"),
                              make_store=lambda: backend.make_store(1 << 26))
             orch = Orchestrator(clock, backend.clients(), get_arm(arm), run=run)
             learned = _record_settlements(orch)
@@ -344,15 +345,16 @@ def test_the_priced_gate_charges_drafting_time_to_action_0():
     assert sum(setups) == pytest.approx(1e3 * spec.drafting["drafting_s"])
 
 
-def test_a_hook_that_acts_on_fills_as_opened_returns_drafts_before_the_decision():
+def test_a_baseline_with_its_own_fill_budgets_drafts_beside_the_decision_too():
+    # dsp bounds each fill by its learned k through the fill choice, so it needs nothing of
+    # the fills as opened() returns and drafts beside the decision like every arm
     records, orch, _loads, calls = _run_toy_with_drafter(
         [ToyRequest(i, context_words=1500) for i in range(4)], arm="dsp")
     assert [r.status for r in records] == ["completed"] * 4
-    assert type(orch.branch_hook).draft_beside is False
     drafted = {q.session for q, _ in calls["drafter"]}
     assert drafted and orch.branch_hook.drafting["drafts"] == len(drafted)
     for r in records:
         if r.request_id in drafted:
             plan = next(s for s in orch.log.stages if s.request_id == r.request_id
                         and s.stage == "plan" and not s.speculative)
-            assert plan.start > r.start + 0.004  # the decision waited for the draft
+            assert plan.start == r.start  # the decision did not wait for the draft

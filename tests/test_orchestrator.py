@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from dynbranch.arms import get_arm
+from dynbranch.arms.registry import get_arm
 from dynbranch.backend import EngineSpec, LocalBackend
 from dynbranch.clock import VirtualClock
 from dynbranch.orchestrator import Orchestrator

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from dynbranch.arms import get_arm
+from dynbranch.arms.registry import get_arm
 from dynbranch.backend import EngineSpec
 from dynbranch.clock import RealClock
 from dynbranch.engines.protocol import GenerateRequest

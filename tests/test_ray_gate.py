@@ -321,8 +321,9 @@ def _dies(actor, timeout: float = 20.0) -> bool:
 
 def test_the_c2_arm_runs_through_the_central_gate_via_the_driver(local_ray, tmp_path,
                                                                  monkeypatch):
+    import dataclasses
+
     from dynbranch import driver
-    from dynbranch.hooks import RunContext
 
     fixture = Path(__file__).parent / "fixtures" / "bfcl"
     cfg = driver.ReplayConfig(workload="routing", arm="c2", backend="ray", clock="real",
@@ -342,9 +343,10 @@ def test_the_c2_arm_runs_through_the_central_gate_via_the_driver(local_ray, tmp_
             backend.make_gate(model, GateConfig(fanout=config.fanout + 1))
         return client
 
-    # NOTE: the driver's wiring, until driver.py passes backend.make_gate itself.
-    monkeypatch.setattr(driver, "RunContext", lambda **kw: RunContext(
-        **{**kw, "options": {**kw["options"], "make_gate": make_gate}}))
+    # NOTE: the driver wires backend.make_gate itself; this wraps it to watch what it made.
+    wired = driver.run_context
+    monkeypatch.setattr(driver, "run_context", lambda prepared, backend: dataclasses.replace(
+        wired(prepared, backend), make_gate=make_gate))
     summary = driver.run_replay(prepared, backend).summary
     assert summary["completed"] == 8 and summary["failed"] == 0
     assert summary["fills_issued"] > 0 and summary["unsafe_splices"] == 0

@@ -20,8 +20,8 @@ runs on the same engines, driver, workloads and result files as DynBranch itself
 
 Each module's docstring says what was taken from the system's paper and what was decided
 here. The arms come from :func:`helium_arm`, :func:`instcache_arm`, :func:`parrot_arm`,
-:func:`dsp_arm` and :func:`spagent_arm`; this package never
-imports :mod:`dynbranch.arms` at import time, so ``dynbranch.arms`` may list them.
+:func:`dsp_arm` and :func:`spagent_arm`; each builds on :mod:`dynbranch.arms.base`, and
+:mod:`dynbranch.arms.registry` lists them.
 """
 
 from dynbranch.baselines.dsp import (
@@ -29,68 +29,35 @@ from dynbranch.baselines.dsp import (
     DepthLearner,
     DepthOutcome,
     DSPConfig,
+    DSPDepth,
     DSPPolicy,
-    DSPReuseHook,
-    DSPSpeculator,
     dsp_arm,
-    dsp_branch,
-    dsp_reuse,
 )
-from dynbranch.baselines.helium import (
-    HELIUM_DESCRIPTION,
-    HeliumReuseHook,
-    helium_arm,
-    helium_reuse,
-)
+from dynbranch.baselines.helium import HELIUM_DESCRIPTION, HeliumReuseHook, helium_arm
 from dynbranch.baselines.instcache import (
-    DEFAULT_TRAIN_REQUESTS,
     INSTCACHE_DESCRIPTION,
-    REQUEST_INPUTS,
     CachedRequest,
+    InstCacheConfig,
     InstCacheHook,
     RequestCache,
-    RequestKey,
     instcache_arm,
-    instcache_reuse,
-    request_input,
-    request_key,
 )
-from dynbranch.baselines.offline import (
-    OfflineContext,
-    Precomputed,
-    PrecomputedStage,
-    precompute,
-    replay_generate,
-)
-from dynbranch.baselines.parrot import (
-    PARROT_DESCRIPTION,
-    ParrotConfig,
-    ParrotPlacement,
-    PrefixMatcher,
-    parrot_arm,
-)
-from dynbranch.baselines.placement import AffinityConfig, PrefixAffinity
+from dynbranch.baselines.parrot import PARROT_DESCRIPTION, ParrotConfig, ParrotPlacement, parrot_arm
+from dynbranch.baselines.prefix_affinity import AffinityConfig, PrefixAffinity
 from dynbranch.baselines.spagent import (
     SPAGENT_DESCRIPTION,
     LoadThrottle,
     SPAgentConfig,
     SPAgentPolicy,
-    SPAgentReuseHook,
-    SPAgentSpeculator,
+    StopAfterSearch,
     spagent_arm,
-    spagent_branch,
-    spagent_reuse,
 )
 
 __all__ = [
-    "DEFAULT_TRAIN_REQUESTS", "DSP_DESCRIPTION", "HELIUM_DESCRIPTION", "INSTCACHE_DESCRIPTION",
-    "PARROT_DESCRIPTION", "REQUEST_INPUTS", "SPAGENT_DESCRIPTION", "AffinityConfig",
-    "CachedRequest", "DSPConfig", "DSPPolicy", "DSPReuseHook", "DSPSpeculator", "DepthLearner",
-    "DepthOutcome", "HeliumReuseHook", "InstCacheHook", "LoadThrottle", "OfflineContext",
-    "ParrotConfig", "ParrotPlacement", "Precomputed", "PrecomputedStage", "PrefixAffinity",
-    "PrefixMatcher", "RequestCache", "RequestKey", "SPAgentConfig", "SPAgentPolicy",
-    "SPAgentReuseHook", "SPAgentSpeculator", "dsp_arm", "dsp_branch", "dsp_reuse", "helium_arm",
-    "helium_reuse", "instcache_arm", "instcache_reuse", "parrot_arm", "precompute",
-    "replay_generate", "request_input", "request_key", "spagent_arm", "spagent_branch",
-    "spagent_reuse",
+    "DSP_DESCRIPTION", "HELIUM_DESCRIPTION", "INSTCACHE_DESCRIPTION", "PARROT_DESCRIPTION",
+    "SPAGENT_DESCRIPTION", "AffinityConfig", "CachedRequest", "DSPConfig", "DSPDepth",
+    "DSPPolicy", "DepthLearner", "DepthOutcome", "HeliumReuseHook", "InstCacheConfig",
+    "InstCacheHook", "LoadThrottle", "ParrotConfig", "ParrotPlacement", "PrefixAffinity",
+    "RequestCache", "SPAgentConfig", "SPAgentPolicy", "StopAfterSearch", "dsp_arm",
+    "helium_arm", "instcache_arm", "parrot_arm", "spagent_arm",
 ]

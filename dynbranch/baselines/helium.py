@@ -3,7 +3,7 @@
 **Taken from Helium** (Wadlom et al., 2026, arXiv 2603.16104), as the paper's Helium⁺ runs
 it: a workflow is a query plan whose LLM calls are first-class operators; the scheduler
 places each operator on the worker that holds its prompt prefix (Helium's templated radix
-tree, here :class:`~dynbranch.baselines.placement.PrefixAffinity`), on the concurrent
+tree, here :class:`~dynbranch.baselines.prefix_affinity.PrefixAffinity`), on the concurrent
 dispatch path the other arms use; and a global cache answers an operator whose own input
 equals one already computed, so it is never executed twice (Helium's prompt cache). Its
 common-subgraph elimination merges equal operators of concurrent queries, so an operator
@@ -12,7 +12,7 @@ equal to one *in flight* waits for it and is served its result (``join``).
 **Decided here.**
 
 * The result cache is C1's store and hook with read-set tracking off
-  (:class:`~dynbranch.reuse.hook.StoreReuseHook` with ``track_reads=False``): the key is
+  (:class:`~dynbranch.reuse.store_hook.StoreReuseHook` with ``track_reads=False``): the key is
   the operator's own input as C1 names it (fingerprint, complete rendered input, model
   and revision, sampling parameters, tool schema version, tenant), records carry no
   read-set and no provenance, and writes are ignored, so nothing is ever invalidated.
@@ -25,7 +25,7 @@ equal to one *in flight* waits for it and is served its result (``join``).
   read-only tool call keyed on its input can.
 * The templated radix tree becomes per-engine LRU sets of chained prefix-block hashes,
   and its cost model a match-fraction threshold plus a load guard (settings and reasons in
-  :class:`~dynbranch.baselines.placement.AffinityConfig`).
+  :class:`~dynbranch.baselines.prefix_affinity.AffinityConfig`).
 * No speculation and no fills, so no shadows exist; the store, the capacity and the
   eviction policy are the run's (``--store-mb``, ``--eviction``), as for ``c1``.
 * Helium's proactive KV pre-warming of static prompt prefixes is left to the engines'
@@ -35,15 +35,14 @@ equal to one *in flight* waits for it and is served its result (``join``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dynbranch.baselines.placement import PrefixAffinity
-from dynbranch.hooks import NoSpeculation, RunContext
-from dynbranch.reuse.hook import StoreReuseHook
+from dynbranch.arms.base import Arm
+from dynbranch.baselines.prefix_affinity import PrefixAffinity
+from dynbranch.fill import NoSpeculation
 from dynbranch.reuse.names import HashFn, sha256hex
-
-if TYPE_CHECKING:
-    from dynbranch.arms import Arm
+from dynbranch.reuse.store_hook import StoreReuseHook
+from dynbranch.runtime.run import RunContext
 
 HELIUM_DESCRIPTION = ("Helium+: prefix-affinity placement plus an exact per-operator result "
                       "cache with no read-set tracking (may serve stale results), no fills")
@@ -75,6 +74,4 @@ def helium_reuse(run: RunContext) -> HeliumReuseHook:
 
 def helium_arm() -> Arm:
     """The ``helium`` arm."""
-    from dynbranch.arms import Arm  # NOTE: here, not above: dynbranch.arms lists this arm
-
     return Arm("helium", HELIUM_DESCRIPTION, helium_reuse, NoSpeculation, PrefixAffinity)

@@ -45,8 +45,9 @@ import copy
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from dynbranch.arms.base import Arm
 from dynbranch.baselines.offline import (
     Generate,
     Precomputed,
@@ -56,13 +57,12 @@ from dynbranch.baselines.offline import (
 )
 from dynbranch.canonical import canonical_bytes, value_digest
 from dynbranch.errors import ConfigError
-from dynbranch.hooks import NoSpeculation, ReuseHook, RunContext
-from dynbranch.placement import PlacementPolicy
-from dynbranch.records import StageRecord
+from dynbranch.fill import NoSpeculation
+from dynbranch.reuse.hook import ReuseHook, WholeRequest
+from dynbranch.runtime.placement import PlacementPolicy
+from dynbranch.runtime.run import RunContext
+from dynbranch.runtime.runlog import StageRecord
 from dynbranch.workload import DataConfig, RequestInstance, Workload
-
-if TYPE_CHECKING:
-    from dynbranch.arms import Arm
 
 INSTCACHE_DESCRIPTION = ("InstCache: whole-request exact cache pre-populated from the train "
                          "split; no sub-request reuse, no freshness, no fills")
@@ -252,11 +252,16 @@ class InstCacheHook(ReuseHook):
         self.run, self.train_requests = run, train_requests
         self.cache = cache or RequestCache()
 
-    def lookup_request(self, instance: RequestInstance) -> CachedRequest | None:
-        """The whole request from the cache, or ``None`` to run it."""
-        return self.cache.lookup(instance)
+    def serve_request(self, instance: RequestInstance, at: float, *,
+                      audit: bool) -> WholeRequest | None:
+        """The whole request from the cache (one ``cache`` row per cached stage, served at
+        ``at`` in no time), or ``None`` to run it."""
+        entry = self.cache.lookup(instance)
+        if entry is None:
+            return None
+        return WholeRequest(entry.stage_records(instance, at, audit=audit), entry.outcome())
 
-    async def prepopulate(self, workload: Workload, data: DataConfig, seed: int, *,
+    async def prepopulate(self, workload: Workload, data: DataConfig | None, seed: int, *,
                           measured_split: str = "test",
                           generate: Generate = replay_generate) -> None:
         """Fill the cache from ``train_requests`` requests of ``workload``'s train split."""
@@ -270,16 +275,21 @@ class InstCacheHook(ReuseHook):
         return {**self.cache.stats(), "train_requests": self.train_requests}
 
 
+@dataclass(frozen=True)
+class InstCacheConfig:
+    """Settings of the ``instcache`` arm: how many train-split requests it pre-populates."""
+
+    train_requests: int = DEFAULT_TRAIN_REQUESTS
+
+
 def instcache_reuse(run: RunContext) -> InstCacheHook:
-    """The ``instcache`` arm's hook, sized by the run option ``instcache_train_requests``."""
-    n = int(run.options.get("instcache_train_requests", DEFAULT_TRAIN_REQUESTS))
-    return InstCacheHook(run, train_requests=n)
+    """The ``instcache`` arm's hook, sized by the run's :class:`InstCacheConfig`."""
+    config = run.arm_config if isinstance(run.arm_config, InstCacheConfig) else InstCacheConfig()
+    return InstCacheHook(run, train_requests=config.train_requests)
 
 
 def instcache_arm(make_placement: Callable[[], PlacementPolicy]) -> Arm:
     """The ``instcache`` arm, placing calls with ``make_placement``: pass the floor's policy,
     since InstCache sits in front of the same engines and changes nothing behind a miss."""
-    from dynbranch.arms import Arm  # NOTE: here, not above: dynbranch.arms lists this arm
-
     return Arm("instcache", INSTCACHE_DESCRIPTION, instcache_reuse, NoSpeculation,
                make_placement)

@@ -43,7 +43,7 @@ every call executes.
   arm has today. Parrot's shared-prefix attention kernel is an engine feature; the
   engines' prefix caching, which every arm has, stands in for its compute saving.
 
-**Difference from Helium's** :class:`~dynbranch.baselines.placement.PrefixAffinity`.
+**Difference from Helium's** :class:`~dynbranch.baselines.prefix_affinity.PrefixAffinity`.
 Helium models what each engine's KV cache *holds* — an LRU of chained prompt-block hashes
 — and sends a call to the engine with the longest block match if it covers at least half
 the prompt, within an imbalance guard. Parrot routes on *context identity* exposed by the
@@ -70,14 +70,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from dynbranch.arms.base import Arm
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest
-from dynbranch.hooks import NoReuse, NoSpeculation
-from dynbranch.placement import PlacementPolicy
-
-if TYPE_CHECKING:
-    from dynbranch.arms import Arm
+from dynbranch.fill import NoSpeculation
+from dynbranch.reuse.hook import NoReuse
+from dynbranch.runtime.placement import PlacementPolicy
 
 PARROT_DESCRIPTION = ("Parrot: prefix-context placement (session chain and detected global "
                       "prefixes) under a latency task cap; no reuse, no fills")
@@ -238,7 +236,5 @@ def _least(candidates: Iterable[int], outstanding: Sequence[int]) -> int:
 
 def parrot_arm(config: ParrotConfig | None = None) -> Arm:
     """The ``parrot`` arm: the floor's hooks (no reuse, no fills) with Parrot's placement."""
-    from dynbranch.arms import Arm  # NOTE: here, not above: dynbranch.arms lists this arm
-
     return Arm("parrot", PARROT_DESCRIPTION, NoReuse, NoSpeculation,
                lambda: ParrotPlacement(config))

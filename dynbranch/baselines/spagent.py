@@ -29,15 +29,16 @@ speculative requests yield to normal ones.
   2k context is 5.6 % slower with 8 sequences than with one (12.6 % on
   ``qwen3-8b@rtx4090``) and grows linearly beyond, so 8 is about where a speculative
   sequence stops riding for free on a memory-bound step. ``max_kv_usage = 0.8``: above
-  it a fill's KV could push canonical sequences into preemption. Run options
-  ``spagent_max_sequences``, ``spagent_max_kv_usage``.
+  it a fill's KV could push canonical sequences into preemption. Both are
+  :class:`SPAgentConfig` fields (the run's ``arm_config``).
 * *Exactness is kept.* SPAgent's first phase lets early evidence-gathering steps skip
   verification where the value cannot change; we never skip it (BASELINES.md), so every
   speculated result is verified by the canonical resolution, and SPAgent's two phases
   collapse into its verified one.
 * *What a fill runs.* On a search agent the speculated action is the search: a fill that
   runs a search tool (``search_tools``: default the ``retrieve`` tool of ReAct and
-  Sub-Agent; run option ``spagent_search_tools``) stops right after it — the next
+  Sub-Agent; ``SPAgentConfig.search_tools``) stops right after it (a fill budget,
+  :class:`StopAfterSearch`) — the next
   reasoning step on an unverified observation is what only the skipped-verification
   phase would run. Routing and HCI are not search agents; there the arm runs its nearest
   meaningful behaviour, the predicted action's downstream as the workload's ``speculate``
@@ -50,22 +51,27 @@ speculative requests yield to normal ones.
 
 from __future__ import annotations
 
-import asyncio
 import math
-import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from dynbranch.arms.base import Arm, store_hook
 from dynbranch.engines.protocol import LoadSnapshot
-from dynbranch.errors import NotSpeculable
-from dynbranch.hooks import BranchSession, RunContext, StageCall, StageOutcome
-from dynbranch.placement import SessionAffinity
-from dynbranch.reuse.hook import StoreReuseHook
-from dynbranch.speculation import FillChoice, FillPolicy, Speculator
-
-if TYPE_CHECKING:
-    from dynbranch.arms import Arm
+from dynbranch.fill import (
+    BranchHook,
+    BranchSession,
+    FillBudget,
+    FillChoice,
+    FillPolicy,
+    FillStage,
+    Speculator,
+)
+from dynbranch.predictors import make_predictor
+from dynbranch.reuse.hook import ReuseHook
+from dynbranch.runtime.placement import SessionAffinity
+from dynbranch.runtime.run import RunContext
+from dynbranch.runtime.stage import StageCall
 
 SPAGENT_DESCRIPTION = ("SPAgent: top-1 predicted next action filled into a request-scoped "
                        "buffer when engine load is under a threshold; search fills stop "
@@ -93,14 +99,9 @@ class SPAgentConfig:
             raise ValueError(f"SPAgentConfig.max_kv_usage={self.max_kv_usage} outside (0, 1]")
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> SPAgentConfig:
-        """The config a run's options ask for (``spagent_max_sequences``,
-        ``spagent_max_kv_usage``, ``spagent_search_tools``), defaults elsewhere."""
-        d = cls()
-        tools = options.get("spagent_search_tools", d.search_tools)
-        return cls(max_sequences=int(options.get("spagent_max_sequences", d.max_sequences)),
-                   max_kv_usage=float(options.get("spagent_max_kv_usage", d.max_kv_usage)),
-                   search_tools=(tools,) if isinstance(tools, str) else tuple(tools))
+    def for_run(cls, run: RunContext) -> SPAgentConfig:
+        """The run's SPAgent settings (its ``arm_config``), else the defaults."""
+        return run.arm_config if isinstance(run.arm_config, SPAgentConfig) else cls()
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class SPAgentPolicy(FillPolicy):
 
     def __init__(self, config: SPAgentConfig) -> None:
         self.config, self.throttle = config, LoadThrottle(config)
+        self.stop_after_search = StopAfterSearch(config.search_tools)
         self.counts = {"admitted": 0, "throttled": 0, "no_candidate": 0}
         self.peak_sequences = 0
 
@@ -156,74 +158,45 @@ class SPAgentPolicy(FillPolicy):
             self.counts["throttled"] += 1
             return []
         self.counts["admitted"] += 1
-        return [FillChoice(ranked[0], 0)]
+        return [FillChoice(ranked[0], 0, budgets=(self.stop_after_search,))]
 
     def stats(self) -> dict[str, Any]:
         return {**self.counts, "max_sequences": self.config.max_sequences,
                 "max_kv_usage": self.config.max_kv_usage,
-                "peak_least_loaded_sequences": self.peak_sequences}
+                "peak_least_loaded_sequences": self.peak_sequences,
+                "after_search_stops": self.stop_after_search.stops}
 
 
-class SPAgentReuseHook(StoreReuseHook):
-    """The in-request buffer: request-scoped shadows (``cross_request=False``), and a fill
-    that has run a search action stops there (see the module docstring)."""
+class StopAfterSearch(FillBudget):
+    """The in-request buffer holds the search action only: a fill that has run a search
+    tool stops before its next stage (it would reason on an unverified observation).
+    ``stops`` counts the fills it ended."""
 
-    name = "spagent"
+    name = "spagent search"
 
-    def __init__(self, store, run: RunContext, *,
-                 search_tools: Sequence[str] = SPAgentConfig.search_tools) -> None:
-        super().__init__(store, run, cross_request=False)
+    def __init__(self, search_tools: Sequence[str]) -> None:
         self.search_tools = frozenset(search_tools)
-        self._searched: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
-        self.counts["after_search_stops"] = 0
+        self.stops = 0
 
-    async def fill_stage(self, call: StageCall, execute: Callable[[], Awaitable[StageOutcome]],
-                         claimed: Callable[[str], None]) -> Any:
-        # NOTE: a fill's stages all run inside the fill's own asyncio task, so the task
-        # identifies the fill; a weak set, so an ended fill's task leaves no entry behind.
-        task = asyncio.current_task()
-        if task in self._searched:
-            self.counts["after_search_stops"] += 1
-            raise NotSpeculable(f"spagent buffers the search action only; {call.stage.name} "
-                                "would reason on an unverified observation")
-        value = await super().fill_stage(call, execute, claimed)
-        if call.stage.kind == "tool" and call.stage.tool in self.search_tools and task:
-            self._searched.add(task)
-        return value
+    def stop_reason(self, trace: Sequence[FillStage], call: StageCall) -> str | None:
+        if any(s.kind == "tool" and s.tool in self.search_tools for s in trace):
+            self.stops += 1
+            return (f"spagent buffers the search action only; {call.stage.name} would "
+                    "reason on an unverified observation")
+        return None
 
 
-class SPAgentSpeculator(Speculator):
-    """The ``spagent`` branch hook: the speculator with the SPAgent policy."""
-
-    name = "spagent"
-
-    def __init__(self, run: RunContext, predictor, policy: SPAgentPolicy) -> None:
-        super().__init__(run, predictor, policy)
-        self.spagent = policy
-
-    def stats(self) -> dict[str, Any]:
-        # NOTE: merged flat, as Speculator merges its policy's stats where it does so itself
-        return {**super().stats(), **self.spagent.stats()}
-
-
-def spagent_reuse(run: RunContext) -> SPAgentReuseHook:
+def spagent_reuse(run: RunContext) -> ReuseHook:
     """The ``spagent`` arm's reuse hook: the request-scoped buffer over the run's store."""
-    if run.make_store is None:
-        raise ValueError(f"the {run.arm} arm needs a store; the backend provides none")
-    config = SPAgentConfig.from_options(run.options)
-    return SPAgentReuseHook(run.make_store(), run, search_tools=config.search_tools)
+    return store_hook(run, cross_request=False, name="spagent")
 
 
-def spagent_branch(run: RunContext, reuse) -> SPAgentSpeculator:
+def spagent_branch(run: RunContext, reuse: ReuseHook) -> BranchHook:
     """The ``spagent`` arm's branch hook over the workload's predictor."""
-    from dynbranch.predictors import make_predictor
-
-    predictor = make_predictor(run.options.get("predictor", "frequency"))
-    return SPAgentSpeculator(run, predictor, SPAgentPolicy(SPAgentConfig.from_options(run.options)))
+    predictor = make_predictor(run.fill.predictor)
+    return Speculator(run, predictor, SPAgentPolicy(SPAgentConfig.for_run(run)))
 
 
 def spagent_arm() -> Arm:
     """The ``spagent`` arm."""
-    from dynbranch.arms import Arm  # NOTE: here, not above: dynbranch.arms lists this arm
-
     return Arm("spagent", SPAGENT_DESCRIPTION, spagent_reuse, spagent_branch, SessionAffinity)

@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 from dynbranch.errors import CorruptRecordError
 from dynbranch.reuse.client import StoreClient
 from dynbranch.reuse.eviction import EvictionPolicy
-from dynbranch.reuse.record import Record, RecordState, from_arrow, to_arrow
-from dynbranch.reuse.results import (
+from dynbranch.reuse.lookups import (
     Hit,
     Invalidation,
     JoinInFlight,
@@ -39,6 +38,7 @@ from dynbranch.reuse.results import (
     ShadowMatch,
     Ticket,
 )
+from dynbranch.reuse.record import Record, RecordState, from_arrow, to_arrow
 from dynbranch.reuse.store import SubgraphStore
 from dynbranch.reuse.versions import StaleReads
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 
 from dynbranch.errors import NotBuiltError, UnknownNameError
-from dynbranch.predictors.base import BranchContext, Predictor
+from dynbranch.predictors.base import BranchContext, DraftingPredictor, Predictor
 
 PREDICTORS = {
     "frequency": ("dynbranch.predictors.frequency", "FrequencyPredictor"),
@@ -38,4 +38,4 @@ def make_predictor(name: str, **options) -> Predictor:
     raise UnknownNameError("predictor", name, [*PREDICTORS, *PLANNED])
 
 
-__all__ = ["PREDICTORS", "BranchContext", "Predictor", "make_predictor"]
+__all__ = ["PREDICTORS", "BranchContext", "DraftingPredictor", "Predictor", "make_predictor"]

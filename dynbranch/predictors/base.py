@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynbranch.workflow import BranchCoordinate, BranchPoint
+
+if TYPE_CHECKING:
+    from dynbranch.engines.protocol import GenerateRequest, GenerateResult
 
 
 @dataclass(frozen=True)
@@ -35,3 +38,14 @@ class Predictor(ABC):
 
     def observe(self, ctx: BranchContext, chosen: tuple[str, ...]) -> None:
         """Learn from a resolved branch (default: nothing to learn)."""
+
+
+class DraftingPredictor(Predictor):
+    """A predictor that drafts on engines: it ranks by sampling a draft model through
+    ``generate`` (the run's drafter engines), beside the canonical decision."""
+
+    @abstractmethod
+    async def draft(self, ctx: BranchContext, k: int,
+                    generate: Callable[[GenerateRequest], Awaitable[GenerateResult]],
+                    now: Callable[[], float] | None = None) -> Any:
+        """Draft, then rank: an object with ``ranked`` (best first) and ``samples``."""

@@ -60,7 +60,7 @@ from typing import Any
 
 from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateResult
 from dynbranch.engines.tokenizer import count_tokens
-from dynbranch.predictors.base import BranchContext, Predictor
+from dynbranch.predictors.base import BranchContext, DraftingPredictor
 from dynbranch.predictors.entity import rank_entities
 from dynbranch.predictors.frequency import FEATURES_KEY
 
@@ -276,7 +276,7 @@ def parse_vote(text: str, pool: Sequence[str]) -> str | None:
 # -- the predictor ----------------------------------------------------------------------------
 
 
-class DrafterPredictor(Predictor):
+class DrafterPredictor(DraftingPredictor):
     """Ranks a branch's candidates by N sampled drafts (see the module docstring)."""
 
     name = "drafter"

@@ -1,7 +1,7 @@
 """C1, exact subgraph reuse: reuse names, records and shadows, freshness, invalidation.
 
 Pure Python (no Ray, no clock reads: methods that need time take ``now``). The lifecycle
-of one stage, as the orchestrator's :class:`~dynbranch.hooks.ReuseHook` drives it:
+of one stage, as the orchestrator's :class:`~dynbranch.reuse.hook.ReuseHook` drives it:
 
 1. **Name.** :func:`key_for` builds the stage's :class:`ReuseKey` (fingerprint, complete
    rendered input, model and revision, sampling parameters, tool schema version, tenant);
@@ -31,6 +31,21 @@ Records serialise to Arrow IPC (:func:`to_arrow` / :func:`from_arrow`) for the R
 
 from dynbranch.reuse.eviction import LRU, POLICIES, CostAware, EvictionPolicy, make_policy
 from dynbranch.reuse.joins import Waiters
+from dynbranch.reuse.lookups import (
+    Hit,
+    Invalidation,
+    JoinInFlight,
+    Lookup,
+    LookupKind,
+    Miss,
+    MissReason,
+    PinReceipt,
+    PutOutcome,
+    PutResult,
+    ShadowMatch,
+    Stale,
+    Ticket,
+)
 from dynbranch.reuse.names import (
     KEY_SCHEMA_VERSION,
     HashFn,
@@ -46,21 +61,6 @@ from dynbranch.reuse.record import (
     RecordState,
     from_arrow,
     to_arrow,
-)
-from dynbranch.reuse.results import (
-    Hit,
-    Invalidation,
-    JoinInFlight,
-    Lookup,
-    LookupKind,
-    Miss,
-    MissReason,
-    PinReceipt,
-    PutOutcome,
-    PutResult,
-    ShadowMatch,
-    Stale,
-    Ticket,
 )
 from dynbranch.reuse.store import StoreStats, SubgraphStore
 from dynbranch.reuse.versions import StaleReads, VersionTable

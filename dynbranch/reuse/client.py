@@ -12,8 +12,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+from dynbranch.reuse.lookups import Invalidation, JoinInFlight, Lookup, PutResult, Ticket
 from dynbranch.reuse.record import Record
-from dynbranch.reuse.results import Invalidation, JoinInFlight, Lookup, PutResult, Ticket
 from dynbranch.reuse.store import SubgraphStore
 from dynbranch.reuse.versions import StaleReads
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 
 from dynbranch.errors import TicketError
-from dynbranch.reuse.results import JoinInFlight, Ticket
+from dynbranch.reuse.lookups import JoinInFlight, Ticket
 
 
 class InFlight:

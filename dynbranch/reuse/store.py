@@ -26,8 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from dynbranch.errors import TicketError
 from dynbranch.reuse.eviction import EvictionPolicy, make_policy
 from dynbranch.reuse.inflight import InFlight
-from dynbranch.reuse.record import Record, RecordState
-from dynbranch.reuse.results import (
+from dynbranch.reuse.lookups import (
     Hit,
     Invalidation,
     JoinInFlight,
@@ -41,6 +40,7 @@ from dynbranch.reuse.results import (
     Stale,
     Ticket,
 )
+from dynbranch.reuse.record import Record, RecordState
 from dynbranch.reuse.versions import StaleReads, VersionTable
 
 _SHADOW_TIER, _COMMITTED_TIER = 0, 1

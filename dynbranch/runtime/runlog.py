@@ -1,4 +1,4 @@
-"""Typed rows of the run log: one per stage execution, branch and request.
+"""The run log: one typed row per stage execution, branch and request.
 
 These are what ``stages.parquet`` and ``requests.parquet`` hold and what the independent
 checkers (unsafe splices, teardown) read, so every field has one meaning, written here.
@@ -99,3 +99,11 @@ class RequestRecord:
         r["latency"] = self.latency
         r["send_lag"] = self.send_lag
         return r
+
+
+class RunLog:
+    """Every stage and branch record of a run, in the order they completed."""
+
+    def __init__(self) -> None:
+        self.stages: list[StageRecord] = []
+        self.branches: list[BranchRecord] = []

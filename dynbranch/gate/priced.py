@@ -1,6 +1,6 @@
-"""C3 in the orchestrator: the load-priced fill policy that drives the gate.
+"""C3 as a fill policy: the async adapter that drives the pure gate from C2.
 
-:class:`PricedPolicy` is the :class:`~dynbranch.speculation.FillPolicy` of the ``c2`` and
+:class:`PricedPolicy` is the :class:`~dynbranch.fill.speculator.FillPolicy` of the ``c2`` and
 ``full`` arms. Per branch entry it asks the gate's Action 0 whether to predict at all, turns
 the predictor's ranking into priced :class:`~dynbranch.gate.Candidate` s (expected saving
 ``Ĝ`` in ms, fill shape, KV blocks), and starts the fills Action 1 admits with their atomic
@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynbranch.engines.profile import load_profile
+from dynbranch.fill import BranchSession, Fill, FillChoice, FillPolicy
 from dynbranch.gate import (
     BranchReturn,
     Candidate,
@@ -36,8 +38,7 @@ from dynbranch.gate import (
     LoadView,
 )
 from dynbranch.gate.client import GateClient, LocalGateClient
-from dynbranch.hooks import BranchSession, RunContext
-from dynbranch.speculation import FillChoice, FillPolicy
+from dynbranch.runtime.run import RunContext
 
 PROBE_S = 0.05
 """Period of the load probe, in seconds on the run clock."""
@@ -86,14 +87,17 @@ class PricedPolicy(FillPolicy):
         self.counts = {"entries": 0, "opened": 0, "admitted": 0, "refused": 0, "audits": 0}
 
     @classmethod
-    def for_run(cls, run: RunContext, *, fanout: int, engines: int, profile,
-                policy: str = "priced", p_star: float = 0.5, seed: int = 0) -> PricedPolicy:
-        """A policy over a new gate: in process, or the backend's central gate if it has one."""
-        budget = LoadBudget.from_profile(profile, engines=engines)
+    def for_run(cls, run: RunContext) -> PricedPolicy:
+        """A policy over a new gate for ``run``'s :class:`~dynbranch.runtime.run.GateOptions`:
+        in process, or the backend's central gate if it has one."""
+        options = run.gate
+        profile = load_profile(options.profile)
+        budget = LoadBudget.from_profile(profile, engines=options.engines)
         model = ContentionModel.from_profile(profile, budget)
-        config = GateConfig(policy=policy, p_star=p_star, fanout=fanout, seed=seed)
-        make_gate = run.options.get("make_gate")
-        client = make_gate(model, config) if make_gate else LocalGateClient(Gate(model, config))
+        config = GateConfig(policy=options.policy.replace("-", "_"), p_star=options.p_star,
+                            fanout=run.fill.fanout, seed=options.seed)
+        client = (run.make_gate(model, config) if run.make_gate
+                  else LocalGateClient(Gate(model, config)))
         return cls(run, client, budget)
 
     # -- Action 0 -------------------------------------------------------------------------
@@ -114,7 +118,7 @@ class PricedPolicy(FillPolicy):
         entry = self._entry(session)
         # NOTE: only the predictor's head is priced: deeper ranks are rarely selected, and
         # every priced candidate is one more chance for a seeded audit to admit it.
-        entry.ranked = list(ranked[: PRICED_RANKS * max(1, self.run.options.get("fanout", 2))])
+        entry.ranked = list(ranked[: PRICED_RANKS * max(1, self.run.fill.fanout)])
         ranked = entry.ranked
         await self._observe_load(session)
         now = session.now()
@@ -159,7 +163,7 @@ class PricedPolicy(FillPolicy):
         if entry is not None:
             entry.chosen, entry.resolved_after_s = chosen, elapsed
 
-    async def request_done(self, request_id: str, fills: Sequence[Any]) -> None:
+    async def request_done(self, request_id: str, fills: Sequence[Fill]) -> None:
         """Release the request's reservations and teach the gate what each of its branch
         entries turned out to be (one batched call)."""
         receipts = [f.reservation for f in fills if f.reservation is not None]
@@ -183,10 +187,11 @@ class PricedPolicy(FillPolicy):
             if fill is not None and fill.ended_at is not None and fill.state == "done":
                 self._exec.setdefault(entry.stage_key, _Ewma()).add(
                     fill.ended_at - fill.started_at)
-            if fill is not None and fill.tokens:
+            executed = [s for s in fill.trace if s.kind == "llm" and s.done] if fill else []
+            if executed:
                 prompt, output = self._tokens.setdefault(entry.stage_key, (_Ewma(), _Ewma()))
-                prompt.add(sum(p for p, _ in fill.tokens))
-                output.add(sum(o for _, o in fill.tokens))
+                prompt.add(sum(s.prompt_tokens for s in executed))
+                output.add(sum(s.output_tokens for s in executed))
             admission = entry.admitted.get(name)
             if admission is not None:
                 cost += admission.price_ms

@@ -1,23 +1,24 @@
 """Early fill (C2), the policy side: at each branch, which candidates become fills.
 
-:class:`Speculator` is the arm's :class:`~dynbranch.hooks.BranchHook`. When a branch opens
-it asks its :class:`FillPolicy` whether to generate candidates at all (Action 0), has the
-predictor rank them from branch-time evidence only, asks the policy which to admit (Action
-1), and starts those as fills. When the branch resolves it teaches the predictor what was
-chosen, cancels exclusive losers (engine abort; their shadows are dropped) and keeps every
-fill of a multi-valued branch that was chosen. The fills themselves run in
-:mod:`dynbranch.fills`.
+:class:`Speculator` is the C2 arms' :class:`~dynbranch.fill.hook.BranchHook`. When a branch
+opens it asks its :class:`FillPolicy` whether to generate candidates at all (Action 0), has
+the predictor rank them from branch-time evidence only, asks the policy which to admit
+(Action 1), and starts those as fills. When the branch resolves it teaches the predictor
+what was chosen, cancels exclusive losers (engine abort; their shadows are dropped) and
+keeps every fill of a multi-valued branch that was chosen. The fills themselves run in
+:mod:`dynbranch.fill.runner`.
 
 Policies are small objects: :class:`TopK` fills the ``fanout`` best-ranked candidates with
-no pricing (the fixed-threshold end of the spectrum); the load-priced gate of C3 plugs in
-the same way.
+no pricing (the fixed-threshold end of the spectrum); the load-priced gate of C3
+(:class:`~dynbranch.gate.priced.PricedPolicy`) and the baselines' policies plug in the
+same way.
 
-A predictor that drafts on engines (it has an async ``draft``: the drafter) drafts on the
-run's ``drafter`` engines when the session offers them (:attr:`BranchSession.generate`),
-*beside* the canonical decision rather than before it, so the branch's own stage is never
-delayed: its fills start when the draft is done, the drafting time is the entry's setup
-time (``session.setup_s``, Action 0's ``T_setup``), and a draft still running when its
-branch resolves is cancelled (its engine calls aborted). Without drafter engines it ranks
+A :class:`~dynbranch.predictors.DraftingPredictor` (the drafter) drafts on the run's
+``drafter`` engines when the session offers them (:attr:`BranchSession.draft`), *beside*
+the canonical decision rather than before it, so the branch's own stage is never delayed:
+its fills start when the draft is done, the drafting time is the entry's setup time
+(``session.setup_s``, Action 0's ``T_setup``), and a draft still running when its branch
+resolves is cancelled (its engine calls aborted). Without drafter engines it ranks
 synchronously like any predictor.
 """
 
@@ -26,20 +27,13 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from dynbranch.hooks import BranchHook, BranchSession, RunContext
-from dynbranch.predictors import BranchContext, Predictor
-
-
-@dataclass(frozen=True)
-class FillChoice:
-    """A candidate the policy admitted, with the gate's reservation (if any)."""
-
-    candidate: str
-    rank: int
-    reservation: Any = None
+from dynbranch.fill.hook import BranchHook
+from dynbranch.fill.model import Fill, FillChoice
+from dynbranch.fill.runner import BranchSession
+from dynbranch.predictors import BranchContext, DraftingPredictor, Predictor
+from dynbranch.runtime.run import RunContext
 
 
 class FillPolicy(ABC):
@@ -58,7 +52,7 @@ class FillPolicy(ABC):
     def settled(self, session: BranchSession, chosen: tuple[str, ...]) -> None:
         """The branch resolved: learn from it (default: nothing)."""
 
-    async def request_done(self, request_id: str, fills: Sequence[Any]) -> None:
+    async def request_done(self, request_id: str, fills: Sequence[Fill]) -> None:
         """Every fill of the request has ended: release their receipts and learn from the
         request's branch entries (default: nothing)."""
 
@@ -91,14 +85,10 @@ class Speculator(BranchHook):
     """Predict → admit → fill at every branch; resolve → learn, cancel losers."""
 
     name = "c2"
-    draft_beside = True
-    """Draft beside the canonical decision; ``False`` drafts before it returns from
-    :meth:`opened` (the decision waits), for hooks that act on the fills then."""
 
     def __init__(self, run: RunContext, predictor: Predictor, policy: FillPolicy) -> None:
         self.run, self.predictor, self.policy = run, predictor, policy
-        self.fanout = int(run.options.get("fanout", 2))
-        self._open: dict[str, list[BranchSession]] = {}
+        self.fanout = run.fill.fanout
         self.counts = {"branches": 0, "generated": 0, "candidates": 0}
         self._drafts: dict[BranchSession, asyncio.Task] = {}
         # NOTE: a draft is marked admitting without an await after its draft returns, so
@@ -109,19 +99,14 @@ class Speculator(BranchHook):
 
     async def opened(self, session: BranchSession) -> None:
         self.counts["branches"] += 1
-        self._open.setdefault(session.request_id, []).append(session)
         if not await self.policy.generation(session):
             return
         self.counts["generated"] += 1
         ctx = BranchContext.of(session.request_id, session.point)
         k = len(session.point.candidates) or max(self.fanout, 1) * 4
-        # NOTE: duck-typed so any predictor with an async draft(ctx, k, generate, now) drafts
-        if getattr(self.predictor, "draft", None) is not None and session.generate is not None:
-            task = asyncio.create_task(self._draft_and_fill(session, ctx, k),
-                                       name=f"draft-{session.request_id}")
-            self._drafts[session] = task
-            if not self.draft_beside:
-                await asyncio.wait([task])
+        if isinstance(self.predictor, DraftingPredictor) and session.draft is not None:
+            self._drafts[session] = asyncio.create_task(
+                self._draft_and_fill(session, ctx, k), name=f"draft-{session.request_id}")
             return
         await self._fill(session, self.predictor.rank(ctx, k))
 
@@ -129,15 +114,14 @@ class Speculator(BranchHook):
         ranked = [c for c in ranked if session.fillable(c)]
         self.counts["candidates"] += len(ranked)
         for choice in await self.policy.choose(session, ranked):
-            fill = session.start_fill(choice.candidate, rank=choice.rank,
-                                      reservation=choice.reservation)
-            session.fills.append(fill)
+            session.start(choice)
 
     async def _draft_and_fill(self, session: BranchSession, ctx: BranchContext,
                               k: int) -> None:
+        assert isinstance(self.predictor, DraftingPredictor) and session.draft is not None
         start = session.now()
         try:
-            draft = await self.predictor.draft(ctx, k, session.generate, now=session.now)
+            draft = await self.predictor.draft(ctx, k, session.draft, now=session.now)
         except Exception:  # NOTE: a failed draft is a branch without fills, not a failure
             self.drafting["failed"] += 1
             return
@@ -172,13 +156,11 @@ class Speculator(BranchHook):
                 await session.discard(fill)  # an exclusive loser: abort, drop its shadows
         self.policy.settled(session, chosen)
 
-    async def request_done(self, request_id: str) -> None:
-        sessions = self._open.pop(request_id, [])
-        for session in sessions:
-            if await self._stop_draft(session) is not None:  # failed inside the branch
-                for fill in session.fills:  # some may have started after the runner let go
-                    await session.discard(fill)
-        fills = [f for s in sessions for f in s.fills]
+    async def request_ending(self, request_id: str) -> None:
+        for session in [s for s in self._drafts if s.request_id == request_id]:
+            await self._stop_draft(session)  # a request that failed inside its branch
+
+    async def request_done(self, request_id: str, fills: Sequence[Fill]) -> None:
         await self.policy.request_done(request_id, fills)
 
     def stats(self) -> dict[str, Any]:

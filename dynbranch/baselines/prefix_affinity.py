@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dynbranch.engines.protocol import GenerateRequest
-from dynbranch.placement import PlacementPolicy
+from dynbranch.runtime.placement import PlacementPolicy
 
 BlockHash = Callable[[bytes], bytes]
 

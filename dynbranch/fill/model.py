@@ -1,0 +1,124 @@
+"""The typed objects of early fill, from admission to what the gate learns.
+
+A policy admits a :class:`FillChoice` (with the gate's reservation receipt and the budgets
+that bound it); the runner turns it into a :class:`Fill`, which records each stage it ran
+(:class:`FillStage`) and every time a canonical stage was served its result
+(:class:`Consumption`). Policies learn from these objects when the request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynbranch.runtime.stage import StageCall
+
+
+class FillBudget(ABC):
+    """A bound on how far one fill may run; checked before each of its stages."""
+
+    name: str
+
+    @abstractmethod
+    def stop_reason(self, trace: Sequence[FillStage], call: StageCall) -> str | None:
+        """Why the fill that ran ``trace`` may not run ``call`` next (``None``: it may)."""
+
+
+@dataclass(frozen=True)
+class DepthBudget(FillBudget):
+    """At most ``depth`` stages per fill (the run's ``--depth``, or a policy's own ``k``)."""
+
+    depth: int
+    name: str = "depth"
+
+    def stop_reason(self, trace: Sequence[FillStage], call: StageCall) -> str | None:
+        if len(trace) >= self.depth:
+            return f"fill {self.name} {self.depth} reached at {call.stage.name}"
+        return None
+
+
+@dataclass(frozen=True)
+class FillChoice:
+    """A candidate a policy admitted: its rank, the gate's reservation receipt (released
+    when the request ends) and the budgets that bound it beyond the run's depth."""
+
+    candidate: str
+    rank: int
+    reservation: Any = None
+    budgets: tuple[FillBudget, ...] = ()
+
+
+@dataclass
+class FillStage:
+    """One stage a fill ran: served from the store, or executed under a claimed name."""
+
+    stage: str
+    kind: str
+    tool: str = ""
+    claimed: str = ""  # the reuse name it executed under ("" when the store held it)
+    duration_s: float = 0.0  # how long its execution took (0 when it did not execute)
+    engine_s: float = 0.0
+    prompt_tokens: int = 0  # uncached prompt tokens of an executed LLM stage
+    output_tokens: int = 0
+    done: bool = False  # it executed to the end (its result is a shadow)
+
+
+@dataclass(frozen=True)
+class Consumption:
+    """A canonical stage of ``request_id`` served a fill's result (``how``: shadow | join)
+    at ``at``, after waiting ``waited_s`` in its lookup."""
+
+    reuse_name: str
+    request_id: str
+    how: str
+    at: float
+    waited_s: float
+
+
+@dataclass
+class Fill:
+    """One candidate's speculative run and its fate."""
+
+    fill_id: str
+    request_id: str
+    coordinate: str
+    candidate: str
+    rank: int
+    started_at: float
+    budgets: tuple[FillBudget, ...] = ()
+    reservation: Any = None  # the gate's KV reservation receipt, released when it ends
+    task: asyncio.Task | None = None
+    trace: list[FillStage] = field(default_factory=list)
+    consumptions: list[Consumption] = field(default_factory=list)
+    state: str = "running"  # running | done | stopped | cancelled | failed
+    ended_at: float | None = None
+    error: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @property
+    def consumed(self) -> bool:
+        """Whether a canonical stage was served this fill's result."""
+        return bool(self.consumptions)
+
+    @property
+    def names(self) -> list[str]:
+        """The reuse names the fill executed under (its shadows, unless consumed)."""
+        return [s.claimed for s in self.trace if s.claimed]
+
+    @property
+    def engine_s(self) -> float:
+        """Engine time of the fill's executed LLM stages."""
+        return sum(s.engine_s for s in self.trace)
+
+    def waited_for(self, reuse_name: str) -> float | None:
+        """How long the first canonical stage served ``reuse_name`` waited for it."""
+        for c in self.consumptions:
+            if c.reuse_name == reuse_name:
+                return c.waited_s
+        return None

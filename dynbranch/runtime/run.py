@@ -1,0 +1,104 @@
+"""What every mechanism of a run may know about it: :class:`RunContext` and typed options.
+
+Each concern has one options object with its defaults written once here: C2's
+:class:`FillOptions` (how wide and how deep fills go, which predictor ranks) and C3's
+:class:`GateOptions` (which fill policy, its threshold, the profile it prices against). A
+baseline arm's own settings ride in :attr:`RunContext.arm_config` as that arm's typed config.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dynbranch.clock import Clock
+
+if TYPE_CHECKING:
+    from dynbranch.gate.client import GateClient
+    from dynbranch.gate.gate import GateConfig
+    from dynbranch.gate.price import ContentionModel
+    from dynbranch.reuse.client import StoreClient
+
+DEFAULT_FANOUT = 2
+"""Most fills one branch entry may start (the CLI's ``--fanout``; C3's ``GateConfig``)."""
+DEFAULT_DEPTH = 2
+"""Stages one fill may run (e.g. handler + executor); deeper fills rarely finish in time."""
+GATE_POLICIES = ("priced", "topk", "fixed-threshold", "priced-a1-only", "priced-a0-fixed")
+"""Fill policies of the C2 arms: C3's priced gate, no gate, or a Fig. 13 attribution variant."""
+
+
+@dataclass(frozen=True)
+class ModelId:
+    """The model (and revision) that serves a model role: part of every LLM reuse name."""
+
+    model: str
+    revision: str
+
+
+@dataclass(frozen=True)
+class FillOptions:
+    """C2: how many candidates a branch may fill, how deep a fill runs, who ranks them.
+
+    ``fanout`` (>= 0) bounds the fills of one branch entry; ``depth`` (>= 0) the stages of
+    one fill; ``predictor`` names the ranker (:mod:`dynbranch.predictors`) and
+    ``predictor_options`` its keyword arguments.
+    """
+
+    fanout: int = DEFAULT_FANOUT
+    depth: int = DEFAULT_DEPTH
+    predictor: str = "frequency"
+    predictor_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.fanout < 0:
+            raise ValueError(f"FillOptions.fanout={self.fanout} must be >= 0")
+        if self.depth < 0:
+            raise ValueError(f"FillOptions.depth={self.depth} must be >= 0")
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    """C3: the fill policy and what it prices against.
+
+    ``policy`` is one of :data:`GATE_POLICIES`; ``p_star`` in [0, 1] is the fixed threshold of
+    the attribution variants; ``profile`` the engine profile whose roofline prices contention;
+    ``engines`` how many engines serve fills (the KV budget's size); ``seed`` the audit seed.
+    """
+
+    policy: str = "priced"
+    p_star: float = 0.5
+    profile: str = "qwen3-32b@h200"
+    engines: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy not in GATE_POLICIES:
+            raise ValueError(f"GateOptions.policy={self.policy!r} not one of {GATE_POLICIES}")
+        if not (math.isfinite(self.p_star) and 0.0 <= self.p_star <= 1.0):
+            raise ValueError(f"GateOptions.p_star={self.p_star} outside [0, 1]")
+        if self.engines < 1:
+            raise ValueError(f"GateOptions.engines={self.engines} must be >= 1")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What an arm's hooks need to know about the run they serve.
+
+    ``replay`` is true when engines replay the trace's text (``sim``, ``zero``) and false when
+    a real model generates (the splice checker then cannot re-derive an LLM stage's output).
+    ``make_store`` builds the backend's subgraph store; ``make_gate`` the backend's central
+    gate (``None``: the gate lives in this process).
+    """
+
+    clock: Clock
+    arm: str
+    tenant: str = "default"
+    models: Mapping[str, ModelId] = field(default_factory=dict)
+    fill: FillOptions = field(default_factory=FillOptions)
+    gate: GateOptions = field(default_factory=GateOptions)
+    arm_config: Any = None  # a baseline's own typed settings (DSPConfig, SPAgentConfig, ...)
+    replay: bool = True
+    make_store: Callable[[], StoreClient] | None = None
+    make_gate: Callable[[ContentionModel, GateConfig], GateClient] | None = None
