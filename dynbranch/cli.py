@@ -1,4 +1,5 @@
-"""``dynbranch``: replay a workload, fetch or check data, run an experiment, make a model.
+"""``dynbranch``: replay a workload, read its stage log, fetch or check data, run an experiment,
+make a model.
 
 Errors DynBranch raises on purpose (unknown names, missing or malformed data, settings that
 cannot run) print one line naming the problem and exit with status 2 before anything starts.
@@ -103,6 +104,13 @@ def _calibrate_parser(sub: argparse._SubParsersAction) -> None:
     add_arguments(p)
 
 
+def _stages_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stages", help="a run's stage log: tokens and seconds per stage, "
+                       "branch windows, the Eq. 2 overlap bound")
+    p.add_argument("run_dir", help="a replay's --out directory")
+    p.add_argument("--depth", type=int, default=2, help="fill depth the bound assumes")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynbranch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _experiment_parser(sub)
     _calibrate_parser(sub)
     _model_parser(sub)
+    _stages_parser(sub)
     return parser
 
 
@@ -208,8 +217,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return calibrate_main(args)
 
 
+def cmd_stages(args: argparse.Namespace) -> int:
+    from dynbranch.errors import ConfigError
+    from dynbranch.stagelog import report
+
+    if not (Path(args.run_dir) / "stages.parquet").is_file():
+        raise ConfigError(f"{args.run_dir}: no stages.parquet (a replay's --out directory?)")
+    print(report(args.run_dir, args.depth))
+    return 0
+
+
 COMMANDS = {"replay": cmd_replay, "data": cmd_data, "experiment": cmd_experiment,
-            "model": cmd_model, "calibrate": cmd_calibrate}
+            "model": cmd_model, "calibrate": cmd_calibrate, "stages": cmd_stages}
 
 
 def main(argv: list[str] | None = None) -> int:

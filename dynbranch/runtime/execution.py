@@ -130,7 +130,7 @@ class StageExecutor:
         row = StageRecord(
             request_id=call.request_id, stage=call.stage.name, kind=call.stage.kind, seq=seq,
             coordinate=coordinate, start=start, end=self.rel(), engine=engine,
-            speculative=speculative, fill=fill, reuse_name=reuse_name,
+            speculative=speculative, fill=fill, reusable=call.reusable, reuse_name=reuse_name,
             fingerprint=call.fingerprint, input_digest=call.rendered.input_digest,
             output_digest=value_digest(output) if output is not None and not error else "",
             error=error)

@@ -28,6 +28,7 @@ class StageRecord:
     engine: str = ""  # engine id for llm stages, tool name for tool stages
     speculative: bool = False
     fill: str = ""  # speculative stages: the fill (candidate) that ran them
+    reusable: bool = False  # declared speculable and, for a tool call, read-only
     reuse_name: str = ""
     fingerprint: str = ""
     input_digest: str = ""
