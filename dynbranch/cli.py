@@ -60,6 +60,9 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", choices=["test", "train"])
     p.add_argument("--tool-time", default="modelled", choices=["modelled", "measured"],
                    help="charge tool stages a modelled latency or their measured time")
+    p.add_argument("--decode-lengths", default="modelled", choices=["modelled", "recorded"],
+                   help="replayed LLM stages decode modelled reasoning around the trace's "
+                        "decision, or the recorded decision alone (real engines generate)")
     p.add_argument("--data-dir", default=None,
                    help="data directory (else $DYNBRANCH_DATA, else ../shared/data)")
     p.add_argument("--out", default="runs/replay", help="result directory")
@@ -131,6 +134,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         model=args.model, backend=args.backend, clock=args.clock, rate=args.rate,
         requests=args.requests, seed=args.seed, workers=args.workers, fanout=args.fanout,
         arrival=args.arrival, cv=args.cv, split=args.split, tool_time=args.tool_time,
+        decode_lengths=args.decode_lengths,
         out=Path(args.out), data_dir=args.data_dir, address=args.address,
         predictor=args.predictor, drafter_profile=args.drafter_profile,
         drafter_model=args.drafter_model, drafter_workers=args.drafter_workers,

@@ -123,6 +123,21 @@ RECORDED = DecodeModel()
 """The trace's text only (``--decode-lengths recorded``)."""
 
 
+def check_mode(mode: str) -> str:
+    """``mode`` (``--decode-lengths``) if it is one of :data:`MODES`; a typed error if not."""
+    if mode not in MODES:
+        from dynbranch.errors import ConfigError
+
+        raise ConfigError(f"decode lengths {mode!r}: choose from {list(MODES)}")
+    return mode
+
+
+def choose(mode: str, modelled: DecodeModel) -> DecodeModel:
+    """The decode model a workload runs under ``mode``: its own ``modelled`` one, or
+    :data:`RECORDED`."""
+    return modelled if check_mode(mode) == "modelled" else RECORDED
+
+
 def decision_of(text: str) -> str:
     """What a workflow reads of a stage's output: the text after its reasoning block."""
     i = text.rfind(THINK_CLOSE)

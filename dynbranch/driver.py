@@ -23,6 +23,7 @@ from dynbranch.arms.registry import get_arm
 from dynbranch.arrivals import PROCESSES, arrival_times
 from dynbranch.backend import BACKENDS, DRAFTER_ROLE, Backend, EngineSpec, LocalBackend
 from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
+from dynbranch.decode_lengths import MODES as DECODE_MODES
 from dynbranch.errors import ConfigError, ModelNotFoundError, NotBuiltError, UnknownNameError
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.runtime.run import (
@@ -57,6 +58,7 @@ class ReplayConfig:
     cv: float = 1.0
     split: str = "test"
     tool_time: str = "modelled"
+    decode_lengths: str = "modelled"
     depth: int = DEFAULT_DEPTH
     predictor: str | None = None
     drafter_profile: str = "qwen3-0.6b@h200"  # the sim drafter's profile
@@ -118,7 +120,9 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     if arm.name == "instcache" and cfg.split != "test":
         raise ConfigError("the instcache arm pre-populates from the train split; "
                           "measure it on --split test")
-    workload = get_workload(cfg.workload, tool_time=cfg.tool_time, **cfg.workload_options)
+    _check_choice("decode lengths", cfg.decode_lengths, DECODE_MODES)
+    workload = get_workload(cfg.workload, tool_time=cfg.tool_time,
+                            decode_lengths=cfg.decode_lengths, **cfg.workload_options)
     data = DataConfig(resolve_data_dir(cfg.data_dir), cache_dir())
     workload.fetch_data(data, progress)
     workload.check_data(data)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynbranch.datasets import require_dataset
+from dynbranch.decode_lengths import check_mode
 from dynbranch.errors import ConfigError, DataError
 from dynbranch.workload import DataConfig, Workload
 from workloads.hci.episodes import Episode, Usability, classify_all
@@ -81,7 +82,9 @@ class HCIWorkload(Workload):
         think_median_s: float = KLM_MENU_PICK_S,
         think_sigma: float = KLM_RMS_ERROR,
         progress: Callable[[str], None] = print,
+        decode_lengths: str = "modelled",
     ) -> None:
+        self.decode_lengths = check_mode(decode_lengths)
         if tool_time not in TOOL_TIMES:
             raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any
 
+from dynbranch.decode_lengths import check_mode
 from dynbranch.errors import ConfigError, DataError
 from dynbranch.workload import DataConfig, Workload
 from workloads.musique import SPLITS, MusiqueRecord, in_split
@@ -20,12 +21,14 @@ class MusiqueWorkload(Workload):
     duration; or ``modelled``) and ``top_k`` (passages per search).
     """
 
-    def __init__(self, tool_time: str = "measured", top_k: int = DEFAULT_TOP_K) -> None:
+    def __init__(self, tool_time: str = "measured", top_k: int = DEFAULT_TOP_K,
+                 decode_lengths: str = "modelled") -> None:
         if tool_time not in TOOL_TIMES:
             raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
         if not 1 <= top_k <= MAX_K:
             raise ConfigError(f"top_k {top_k} must be in [1, {MAX_K}]")
         self.tool_time, self.top_k = tool_time, top_k
+        self.decode_lengths = check_mode(decode_lengths)
         self._loaded: dict[Any, Any] = {}
 
     @abstractmethod

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dynbranch.canonical import digest
 from dynbranch.datasets import bfcl_root, fetch_bfcl
+from dynbranch.decode_lengths import check_mode
 from dynbranch.errors import ConfigError, DataError
 from dynbranch.workload import DataConfig, Workload
 from workloads.routing.apis import ApiState
@@ -73,7 +74,9 @@ class RoutingWorkload(Workload):
         fetch: bool = True,
         progress: Callable[[str], None] = print,
         shared_state: bool = False,
+        decode_lengths: str = "modelled",
     ) -> None:
+        self.decode_lengths = check_mode(decode_lengths)
         self.shared_state = shared_state
         unknown = [c for c in categories if c not in CATEGORIES]
         if unknown or not categories:

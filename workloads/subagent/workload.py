@@ -63,10 +63,10 @@ class SubAgentWorkload(MusiqueWorkload):
     predictor = "recall"
 
     def __init__(self, tool_time: str = "measured", top_k: int = DEFAULT_TOP_K,
-                 mix: str | None = None) -> None:
+                 mix: str | None = None, decode_lengths: str = "modelled") -> None:
         if mix not in (None, "partial-overlap"):
             raise ConfigError(f"subagent mix {mix!r}: choose 'partial-overlap' or none")
-        super().__init__(tool_time, top_k)
+        super().__init__(tool_time, top_k, decode_lengths)
         self.mix = mix
 
     def load(self, data: DataConfig) -> SubAgentData:
