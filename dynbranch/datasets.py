@@ -20,15 +20,18 @@ the one JSON Lines reader of every loader. Pure Python, no Ray.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
+from typing import Any
 
 from dynbranch.errors import (
     DataFetchError,
     DataMissingError,
+    MalformedRecordError,
     UnknownNameError,
 )
 
@@ -238,6 +241,41 @@ def fetch(name: str, data_dir: Path | None = None) -> Path:
         info.source,
         "DynBranch does not download this set itself. " + _how_to_get(info, data_dir),
     )
+
+
+# -- reading --------------------------------------------------------------------------------
+
+MISSING_FILE = "The file is missing."
+"""What :func:`read_jsonl` says about a missing file unless its caller knows better."""
+
+
+def read_jsonl(
+    path: Path, what: str, how: str = MISSING_FILE
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for each non-blank line of the JSON Lines file ``path``.
+
+    ``what`` names the data set the file belongs to. A missing file raises
+    :class:`~dynbranch.errors.DataMissingError` (``what``, the path, and ``how`` to get it);
+    a line that is not JSON, or not a JSON object, raises
+    :class:`~dynbranch.errors.MalformedRecordError` naming the file and ``line n``. Line
+    numbers count from 1 and include blank lines, so they match an editor's. NOTE: the file
+    is read line by line, split at line ends only, not at the other separators
+    ``str.splitlines`` knows (such as U+2028), which a record's strings may hold.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataMissingError(what, [str(path)], how)
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise MalformedRecordError(str(path), f"line {n}", f"not JSON: {e}") from None
+            if not isinstance(record, dict):
+                raise MalformedRecordError(str(path), f"line {n}", "not a JSON object")
+            yield n, record
 
 
 # -- checksums ------------------------------------------------------------------------------
