@@ -222,7 +222,7 @@ def _how_to_get(info: DatasetInfo, data_dir: Path | None) -> str:
         f"Get it from its official source {info.source} ({info.licence}) and place the "
         f"files under {target} as data/README.md describes (pass --data-dir or set "
         f"$DYNBRANCH_DATA to choose the data directory); then check them against "
-        f"SHA256SUMS with `dynbranch data {info.name}`."
+        f"SHA256SUMS with `dynbranch data {info.name} --check`."
     )
 
 
