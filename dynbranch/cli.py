@@ -151,17 +151,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_data(args: argparse.Namespace) -> int:
     from dynbranch import datasets
+    from workloads.routing import bfcl_wheel
 
-    names = list(datasets.DATASETS) if "all" in args.names else args.names
+    # NOTE: BFCL is the routing workload's (fetched into the cache from PyPI); the core's
+    # registry holds the data directory sets. The command line is the layer that has both.
+    known = {bfcl_wheel.BFCL.name: bfcl_wheel.BFCL, **datasets.DATASETS}
+    names = list(known) if "all" in args.names else args.names
     data_dir = datasets.resolve_data_dir(args.data_dir)
     status = 0
     for name in names:
-        if name not in datasets.DATASETS:
+        if name not in known:
             from dynbranch.errors import UnknownNameError
 
-            raise UnknownNameError("data set", name, list(datasets.DATASETS))
-        if name == "bfcl":
-            root = datasets.fetch_bfcl(datasets.cache_dir())
+            raise UnknownNameError("data set", name, list(known))
+        if name == bfcl_wheel.BFCL.name:
+            root = bfcl_wheel.fetch_bfcl(datasets.cache_dir())
             print(f"bfcl: ready at {root}")
             continue
         datasets.require_dataset(data_dir, name)

@@ -1,20 +1,20 @@
-"""Where workload data comes from: the data directory, the per-user cache, and BFCL from PyPI.
+"""Where workload data comes from: the data directory, the per-user cache, checksums.
 
 Two places hold data (DESIGN.md §4, "Where data comes from"):
 
 * the **data directory** holds the sets copied from their official sources (MuSiQue,
-  HotpotQA, SGD, SWE-agent trajectories) and a ``SHA256SUMS`` file. It is the ``--data-dir``
-  flag, else ``$DYNBRANCH_DATA``, else ``../shared/data`` beside a checkout (or beside the
-  current directory), else ``data/`` in the per-user cache (:func:`resolve_data_dir`);
-* the **cache** (``$DYNBRANCH_CACHE``, else ``~/.cache/dynbranch``) holds what DynBranch fetches
-  itself: BFCL, whose data and executable multi-turn API classes ship in the ``bfcl-eval``
-  wheel on PyPI. The wheel's declared dependencies pin ``numpy==1.26.4`` and pull torch,
-  faiss and vendor SDKs, so it is never installed: :func:`fetch_bfcl` downloads the pinned
-  wheel without dependencies, checks its SHA-256 and extracts only data, the API classes'
-  source files and the package metadata that carries the licence.
+  HotpotQA, SGD, SWE-agent trajectories; :data:`DATASETS`) and a ``SHA256SUMS`` file. It is
+  the ``--data-dir`` flag, else ``$DYNBRANCH_DATA``, else ``../shared/data`` beside a
+  checkout (or beside the current directory), else ``data/`` in the per-user cache
+  (:func:`resolve_data_dir`);
+* the **cache** (:func:`cache_dir`: ``$DYNBRANCH_CACHE``, else ``~/.cache/dynbranch``) holds
+  what DynBranch fetches itself: BFCL, from the ``bfcl-eval`` wheel on PyPI. Fetching and
+  reading that wheel is the routing workload's (:mod:`workloads.routing.bfcl_wheel`); the
+  core knows only where the cache is.
 
-No machine here can reach the other sets' official sources, so :func:`fetch` names the
-source and where to put the files instead of downloading them. Pure Python, no Ray.
+No machine here can reach the data directory sets' official sources, so :func:`fetch` names
+the source and where to put the files instead of downloading them. :func:`read_jsonl` is
+the one JSON Lines reader of every loader. Pure Python, no Ray.
 """
 
 from __future__ import annotations
@@ -22,44 +22,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
+from typing import Any
 
 from dynbranch.errors import (
-    ChecksumError,
     DataFetchError,
     DataMissingError,
+    MalformedRecordError,
     UnknownNameError,
 )
-
-BFCL_VERSION = "2026.3.23"
-BFCL_WHEEL = f"bfcl_eval-{BFCL_VERSION}-py3-none-any.whl"
-BFCL_SHA256 = "3bb6dfa5f0c68ad403c9ec50b00db2bb3b4cc9b38ab1ff33f48fe30d853d3a0a"
-BFCL_PYPI = f"https://pypi.org/project/bfcl-eval/{BFCL_VERSION}/"
-BFCL_DIRNAME = f"bfcl_eval-{BFCL_VERSION}"
-_MANIFEST = ".dynbranch-manifest.json"
-_API_DIR = "bfcl_eval/eval_checker/multi_turn_eval/func_source_code"
-# NOTE: the empty package __init__ files are kept so the extracted tree has the wheel's
-# layout; nothing in it is executed except the API class modules the routing workload loads.
-_BFCL_INITS = frozenset(
-    {
-        "bfcl_eval/__init__.py",
-        "bfcl_eval/constants/__init__.py",
-        "bfcl_eval/eval_checker/__init__.py",
-        "bfcl_eval/eval_checker/multi_turn_eval/__init__.py",
-        f"{_API_DIR}/__init__.py",
-    }
-)
-_BFCL_CONFIG = "bfcl_eval/constants/executable_backend_config.py"
-# The wheel ships no LICENSE file; its METADATA carries "License: Apache 2.0".
-_BFCL_METADATA = f"bfcl_eval-{BFCL_VERSION}.dist-info/METADATA"
 
 
 @dataclass(frozen=True)
@@ -67,27 +41,14 @@ class DatasetInfo:
     """A data set: its official source, its licence and the files DynBranch reads.
 
     ``files`` are relative to the set's directory: ``<data dir>/<name>/`` for the sets in the
-    data directory, the extracted wheel (:func:`bfcl_dir`) for BFCL.
+    data directory (BFCL's are relative to its extracted wheel).
     """
 
     name: str
     source: str
     licence: str
     files: tuple[str, ...]
-    in_cache: bool = False
 
-
-_BFCL_DATA = "bfcl_eval/data"
-_BFCL_DOCS = (
-    "gorilla_file_system",
-    "math_api",
-    "message_api",
-    "posting_api",
-    "ticket_api",
-    "trading_bot",
-    "travel_booking",
-    "vehicle_control",
-)
 
 _MARSHMALLOW = "marshmallow-code__marshmallow-1867"
 _SWEAGENT_DEMOS = (
@@ -123,20 +84,6 @@ _SWEAGENT_DEMOS = (
 
 DATASETS: Mapping[str, DatasetInfo] = MappingProxyType(
     {
-        "bfcl": DatasetInfo(
-            "bfcl",
-            BFCL_PYPI,
-            "Apache-2.0",
-            tuple(
-                f"{_BFCL_DATA}/{p}BFCL_v4_{c}.json"
-                for c in ("multi_turn_base", "multiple", "parallel_multiple")
-                for p in ("", "possible_answer/")
-            )
-            + tuple(f"{_BFCL_DATA}/multi_turn_func_doc/{d}.json" for d in _BFCL_DOCS)
-            + tuple(f"{_API_DIR}/{d}.py" for d in (*_BFCL_DOCS, "long_context"))
-            + (_BFCL_CONFIG, _BFCL_METADATA),
-            in_cache=True,
-        ),
         "musique": DatasetInfo(
             "musique",
             "https://github.com/StonyBrookNLP/musique",
@@ -247,14 +194,13 @@ def dataset_info(name: str) -> DatasetInfo:
 
 
 def require_dataset(data_dir: Path | None, name: str) -> Path:
-    """The directory of data set ``name``, with every file it must have.
+    """The directory of data set ``name`` in ``data_dir``, with every file it must have.
 
-    Raises :class:`DataMissingError` saying where it looked and how to get the set. BFCL
-    lives in the cache, not the data directory: for it this is :func:`bfcl_root`.
+    Raises :class:`DataMissingError` saying where it looked and how to get the set. BFCL is
+    not a data directory set: it lives in the cache
+    (:func:`workloads.routing.bfcl_wheel.bfcl_root`).
     """
     info = dataset_info(name)
-    if info.in_cache:
-        return bfcl_root(cache_dir())
     if data_dir is None:
         looked = [f"{path} ({why})" for why, path in data_dir_candidates(None)]
         raise DataMissingError(name, looked, _how_to_get(info, None))
@@ -276,31 +222,60 @@ def _how_to_get(info: DatasetInfo, data_dir: Path | None) -> str:
         f"Get it from its official source {info.source} ({info.licence}) and place the "
         f"files under {target} as data/README.md describes (pass --data-dir or set "
         f"$DYNBRANCH_DATA to choose the data directory); then check them against "
-        f"SHA256SUMS with `dynbranch data {info.name}`."
+        f"SHA256SUMS with `dynbranch data {info.name} --check`."
     )
 
 
-def fetch(
-    name: str,
-    cache: Path | None = None,
-    data_dir: Path | None = None,
-    progress: Callable[[str], None] = print,
-) -> Path:
-    """Fetch data set ``name`` from its official source; returns its directory.
+def fetch(name: str, data_dir: Path | None = None) -> Path:
+    """Fetch data set ``name`` from its official source into ``data_dir``.
 
-    Only BFCL can be fetched (from PyPI). The other sources are unreachable from the machines
-    this was built on, so for them this raises :class:`DataFetchError` naming the source and
-    where to place the files; their layout and checksums are checked by
-    :func:`require_dataset` and :func:`verify_checksums`.
+    The sources of the data directory sets are unreachable from the machines this was built
+    on, so this raises :class:`DataFetchError` naming the source and where to place the
+    files; their layout and checksums are checked by :func:`require_dataset` and
+    :func:`verify_checksums`. (BFCL, which PyPI serves, is fetched by
+    :func:`workloads.routing.bfcl_wheel.fetch_bfcl`.)
     """
     info = dataset_info(name)
-    if info.in_cache:
-        return fetch_bfcl(cache if cache is not None else cache_dir(), progress)
     raise DataFetchError(
         name,
         info.source,
         "DynBranch does not download this set itself. " + _how_to_get(info, data_dir),
     )
+
+
+# -- reading --------------------------------------------------------------------------------
+
+MISSING_FILE = "The file is missing."
+"""What :func:`read_jsonl` says about a missing file unless its caller knows better."""
+
+
+def read_jsonl(
+    path: Path, what: str, how: str = MISSING_FILE
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for each non-blank line of the JSON Lines file ``path``.
+
+    ``what`` names the data set the file belongs to. A missing file raises
+    :class:`~dynbranch.errors.DataMissingError` (``what``, the path, and ``how`` to get it);
+    a line that is not JSON, or not a JSON object, raises
+    :class:`~dynbranch.errors.MalformedRecordError` naming the file and ``line n``. Line
+    numbers count from 1 and include blank lines, so they match an editor's. NOTE: the file
+    is read line by line, split at line ends only, not at the other separators
+    ``str.splitlines`` knows (such as U+2028), which a record's strings may hold.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataMissingError(what, [str(path)], how)
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise MalformedRecordError(str(path), f"line {n}", f"not JSON: {e}") from None
+            if not isinstance(record, dict):
+                raise MalformedRecordError(str(path), f"line {n}", "not a JSON object")
+            yield n, record
 
 
 # -- checksums ------------------------------------------------------------------------------
@@ -352,165 +327,4 @@ def verify_checksums(data_dir: Path, datasets: tuple[str, ...] | None = None) ->
             problems.append(f"missing: {rel}")
         elif (actual := sha256_file(path)) != expected:
             problems.append(f"mismatch: {rel} has sha256 {actual}, expected {expected}")
-    return problems
-
-
-# -- BFCL from PyPI -------------------------------------------------------------------------
-
-
-def bfcl_dir(cache: Path) -> Path:
-    """Where the extracted wheel lives in the cache (whether or not it is there yet)."""
-    return Path(cache) / "bfcl" / BFCL_DIRNAME
-
-
-def bfcl_root(cache: Path) -> Path:
-    """The extracted BFCL tree in ``cache``; :class:`DataMissingError` when absent or broken."""
-    target = bfcl_dir(cache)
-    if not _intact(target):
-        raise DataMissingError(
-            "bfcl",
-            [str(target)],
-            f"Run `dynbranch data bfcl` to fetch bfcl-eval {BFCL_VERSION} from PyPI without its "
-            f"dependencies ({BFCL_PYPI}).",
-        )
-    return target
-
-
-def fetch_bfcl(
-    cache: Path, progress: Callable[[str], None] = print, wheel_source: Path | None = None
-) -> Path:
-    """Fetch the pinned ``bfcl-eval`` wheel into ``cache`` and extract what DynBranch reads.
-
-    Idempotent: returns at once when the extracted tree is present and intact. Otherwise
-    downloads the wheel with ``pip download --no-deps`` (or copies it from ``wheel_source``,
-    a wheel file or a folder holding one), checks its SHA-256 (:class:`ChecksumError` if it
-    differs), extracts into a temporary folder and renames that into place, so a reader
-    never sees a half-written tree.
-    """
-    target = bfcl_dir(cache)
-    if _intact(target):
-        return target
-    origin = "PyPI" if wheel_source is None else f"{wheel_source} (a copy of the PyPI wheel)"
-    progress(
-        f"fetching bfcl-eval {BFCL_VERSION} (BFCL data and API classes) from {origin} "
-        f"without its dependencies into {target}"
-    )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        work = Path(tmp)
-        wheel = _copy_wheel(wheel_source, work) if wheel_source else _pip_download(work)
-        actual = sha256_file(wheel)
-        if actual != BFCL_SHA256:
-            wheel.unlink()
-            raise ChecksumError("bfcl", BFCL_PYPI, wheel.name, BFCL_SHA256, actual)
-        staging = work / BFCL_DIRNAME
-        _extract_bfcl(wheel, staging)
-        if _intact(target):  # another fetch finished meanwhile
-            return target
-        if target.exists():  # a broken earlier tree: move it aside, it goes with `tmp`
-            target.rename(work / "broken")
-        try:
-            staging.rename(target)
-        except OSError:
-            if not _intact(target):  # NOTE: losing a race to another fetch is fine
-                raise
-    return target
-
-
-def _pip_download(dest: Path) -> Path:
-    """``pip download --no-deps`` the pinned wheel into ``dest``; returns the wheel's path."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "--no-input",
-        "-d",
-        str(dest),
-        f"bfcl-eval=={BFCL_VERSION}",
-    ]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise DataFetchError("bfcl", BFCL_PYPI, f"pip download failed: {e}") from e
-    wheel = dest / BFCL_WHEEL
-    if done.returncode != 0 or not wheel.is_file():
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise DataFetchError(
-            "bfcl", BFCL_PYPI, f"pip download exited {done.returncode}: {' | '.join(tail)}"
-        )
-    return wheel
-
-
-def _copy_wheel(source: Path, dest: Path) -> Path:
-    source = Path(source)
-    wheel = source / BFCL_WHEEL if source.is_dir() else source
-    if not wheel.is_file():
-        raise DataFetchError("bfcl", str(source), f"no {BFCL_WHEEL} there")
-    return Path(shutil.copy2(wheel, dest / BFCL_WHEEL))
-
-
-def _wanted(name: str) -> bool:
-    path = PurePosixPath(name)
-    if path.is_absolute() or ".." in path.parts:
-        return False
-    if name.startswith(f"{_BFCL_DATA}/") and not name.endswith("/"):
-        return True
-    if str(path.parent) == _API_DIR and path.suffix == ".py":
-        return True
-    return name in _BFCL_INITS or name in (_BFCL_CONFIG, _BFCL_METADATA)
-
-
-def _extract_bfcl(wheel: Path, staging: Path) -> None:
-    manifest: dict[str, list] = {}
-    with zipfile.ZipFile(wheel) as zf:
-        for info in zf.infolist():
-            if info.is_dir() or not _wanted(info.filename):
-                continue
-            out = staging / info.filename
-            out.parent.mkdir(parents=True, exist_ok=True)
-            data = zf.read(info)
-            out.write_bytes(data)
-            manifest[info.filename] = [hashlib.sha256(data).hexdigest(), len(data)]
-    missing = [f for f in DATASETS["bfcl"].files if f not in manifest]
-    if missing:
-        raise DataFetchError("bfcl", BFCL_PYPI, f"the wheel lacks {missing}")
-    (staging / _MANIFEST).write_text(
-        json.dumps({"wheel": BFCL_WHEEL, "sha256": BFCL_SHA256, "files": manifest}, indent=1)
-    )
-
-
-def _intact(target: Path) -> bool:
-    """Whether every file the manifest lists is there with its size (:func:`verify_bfcl`
-    re-hashes them)."""
-    try:
-        files = json.loads((target / _MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError):
-        return False
-    for rel, (_, size) in files.items():
-        try:
-            if (target / rel).stat().st_size != size:
-                return False
-        except OSError:
-            return False
-    return True
-
-
-def verify_bfcl(cache: Path) -> list[str]:
-    """Re-hash every extracted BFCL file against the manifest; returns the problems."""
-    target = bfcl_dir(cache)
-    try:
-        files = json.loads((target / _MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError):
-        return [f"missing: {target / _MANIFEST}"]
-    problems = []
-    for rel, (digest, _) in sorted(files.items()):
-        path = target / rel
-        if not path.is_file():
-            problems.append(f"missing: {rel}")
-        elif sha256_file(path) != digest:
-            problems.append(f"mismatch: {rel}")
     return problems

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from dynbranch.calibrate import calibrate_price  # noqa: E402
 from dynbranch.engines.profile import load_profile  # noqa: E402
 from dynbranch.gate import (  # noqa: E402
     BranchReturn,
@@ -37,7 +38,6 @@ from dynbranch.gate import (  # noqa: E402
     GateConfig,
     LoadView,
 )
-from dynbranch.gate.calibrate import calibrate  # noqa: E402
 
 PROFILE = "qwen3-32b@h200"
 
@@ -121,7 +121,7 @@ def bench_calibration() -> list[str]:
     ):
         t0 = time.perf_counter()
         fills = (0, 1, 2, 3, 6, 12, 24, 48) if canonical is None else (0, 1, 2, 3, 6, 12, 24)
-        result = calibrate(profile, fill=fill, canonical=canonical, fills=fills)
+        result = calibrate_price(profile, fill=fill, canonical=canonical, fills=fills)
         out += [result.table(), f"  ({time.perf_counter() - t0:.2f} s of wall time)", ""]
     return out
 

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dynbranch import datasets
-from dynbranch.datasets import BFCL_SHA256, bfcl_dir, bfcl_root, fetch_bfcl
+from dynbranch.cli import main
 from dynbranch.errors import (
     ChecksumError,
     ConfigError,
@@ -42,11 +41,13 @@ from workloads.routing import (
     TEMPLATE,
     RoutingRequest,
     RoutingWorkload,
+    bfcl_wheel,
     draw,
     load_bfcl,
     split_of,
 )
 from workloads.routing.apis import ApiState, state_snapshot
+from workloads.routing.bfcl_wheel import BFCL, BFCL_SHA256, bfcl_dir, bfcl_root, fetch_bfcl
 from workloads.routing.calls import CallSyntaxError, ParsedCall, parse_call
 from workloads.routing.effects import MUTATING, READ_ONLY
 from workloads.routing.schema import (
@@ -747,11 +748,11 @@ def test_routing_imports_neither_ray_nor_vllm():
 
 def test_fetch_refuses_a_wheel_with_the_wrong_checksum(tmp_path, monkeypatch):
     def fake_download(dest: Path) -> Path:
-        wheel = dest / datasets.BFCL_WHEEL
+        wheel = dest / bfcl_wheel.BFCL_WHEEL
         wheel.write_bytes(b"not the wheel")
         return wheel
 
-    monkeypatch.setattr(datasets, "_pip_download", fake_download)
+    monkeypatch.setattr(bfcl_wheel, "_pip_download", fake_download)
     messages = []
     with pytest.raises(ChecksumError, match=BFCL_SHA256) as err:
         fetch_bfcl(tmp_path, progress=messages.append)
@@ -761,17 +762,33 @@ def test_fetch_refuses_a_wheel_with_the_wrong_checksum(tmp_path, monkeypatch):
     assert list((tmp_path / "bfcl").iterdir()) == []  # the temporary folder is gone
 
 
+def test_bfcl_is_a_data_set_the_data_command_knows(capsys):
+    assert (BFCL.name, BFCL.licence, BFCL.source) == (
+        "bfcl",
+        "Apache-2.0",
+        "https://pypi.org/project/bfcl-eval/2026.3.23/",
+    )
+    assert "bfcl_eval/data/BFCL_v4_multiple.json" in BFCL.files
+    assert "bfcl_eval-2026.3.23.dist-info/METADATA" in BFCL.files  # it carries the licence
+    assert main(["data", "imagenet"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown data set 'imagenet'; known data sets: bfcl, hotpotqa, musique, sgd" in err
+
+
 @pytest.mark.network
-def test_fetch_is_idempotent_and_detects_a_broken_tree(bfcl_tree, tmp_path, monkeypatch):
+def test_fetch_is_idempotent_and_detects_a_broken_tree(bfcl_tree, tmp_path, monkeypatch, capsys):
     cache = bfcl_tree.parent.parent
 
     def no_download(dest):
         raise AssertionError("an intact tree must not be fetched again")
 
-    monkeypatch.setattr(datasets, "_pip_download", no_download)
+    monkeypatch.setattr(bfcl_wheel, "_pip_download", no_download)
     messages = []
     assert fetch_bfcl(cache, progress=messages.append) == bfcl_tree and messages == []
-    assert bfcl_root(cache) == bfcl_tree and datasets.verify_bfcl(cache) == []
+    assert bfcl_root(cache) == bfcl_tree and bfcl_wheel.verify_bfcl(cache) == []
+    monkeypatch.setenv("DYNBRANCH_CACHE", str(cache))
+    assert main(["data", "bfcl"]) == 0  # the command fetches nothing either
+    assert capsys.readouterr().out == f"bfcl: ready at {bfcl_tree}\n"
     copy = tmp_path / "cache"
     shutil.copytree(cache / "bfcl", copy / "bfcl", ignore=shutil.ignore_patterns(".fetch-*"))
     (bfcl_dir(copy) / "bfcl_eval/data/BFCL_v4_multiple.json").unlink()

@@ -1,4 +1,5 @@
-"""``dynbranch.calibrate``: the solver, the contention fit, real-engine fits, profile files.
+"""``dynbranch.calibrate``: the solver, the contention fit, the price check, real-engine fits,
+filler text and profile files.
 
 Fits against the sim engine run on the virtual clock, so they are exact and deterministic:
 a knob value used to *generate* targets must be recovered by the fit. The hf-engine test
@@ -12,14 +13,18 @@ import dataclasses
 import json
 import math
 import os
+import random
 from pathlib import Path
 
 import pytest
 
 from dynbranch.calibrate import (
+    FILL_COUNTS,
     ContentionShape,
     ContentionTarget,
+    FillerText,
     add_arguments,
+    calibrate_price,
     fit_contention,
     fit_profile,
     least_squares,
@@ -38,7 +43,10 @@ from dynbranch.engines.profile import (
     load_profile_file,
     parse_profile,
 )
+from dynbranch.engines.protocol import SPECULATIVE
 from dynbranch.engines.sim import SimEngine
+from dynbranch.engines.tokenizer import count_tokens
+from dynbranch.gate import FillShape
 
 P32 = load_profile("qwen3-32b@h200")
 SMALL = ContentionShape(
@@ -95,6 +103,41 @@ def test_contention_fit_takes_at_most_two_points():
         fit_contention(P32, targets, shape=SMALL)
     with pytest.raises(ValueError, match="unknown calibration knob"):
         fit_contention(P32, targets[:1], knobs=("warp_speed",), shape=SMALL)
+
+
+def test_filler_text_has_exact_token_counts_and_repeats_by_seed():
+    a, b = FillerText(random.Random(3)), FillerText(random.Random(3))
+    sizes = (0, 1, 17, 500)
+    texts = [a.text(n) for n in sizes]
+    assert [count_tokens(t) for t in texts] == list(sizes)
+    assert texts == [b.text(n) for n in sizes]  # the same seed draws the same texts
+    assert FillerText(random.Random(4)).text(17) != texts[2]
+    request = a.request("fill-0", texts[2], 5, SPECULATIVE)
+    assert (request.prompt, request.max_tokens, request.priority) == (texts[2], 5, SPECULATIVE)
+    assert count_tokens(request.replay_text) == 5
+    assert b.request("fill-0", texts[2], 5, SPECULATIVE) == request
+
+
+def test_price_check_against_the_sim_engine():
+    result = calibrate_price(P32)
+    print("\n" + result.table())  # the fit error, reported (pytest -s shows it)
+    assert [p.fills for p in result.points] == list(FILL_COUNTS)
+    # Derived from the same step model, the price needs almost no correction...
+    assert 0.95 <= result.scale <= 1.05
+    # ...and at the fitted scale it is within 3 % of the engine's measured p50 increase.
+    for point in result.points[1:]:
+        assert point.measured_ms > 0
+        assert abs(point.rel_error) <= 0.03, result.table()
+    # The engine's contention is real and grows with the number of co-resident fills.
+    increases = [p.measured_ms for p in result.points]
+    assert increases == sorted(increases)
+
+
+def test_price_check_with_a_cached_context():
+    result = calibrate_price(
+        P32, fill=FillShape(128, 16, context_tokens=512), fills=(0, 1, 4, 8), phases=(1,)
+    )
+    assert result.max_abs_rel_error <= 0.03, result.table()
 
 
 def test_fit_profile_recovers_a_sim_engines_knobs():

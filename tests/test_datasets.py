@@ -1,11 +1,15 @@
-"""Data locations: the data directory's resolution order, checksums, missing-set messages."""
+"""Data locations: the data directory's resolution order, checksums, missing-set messages,
+and the one JSON Lines reader. (BFCL's wheel in the cache is tested in test_bfcl.py.)"""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dynbranch import datasets
 from dynbranch.datasets import (
@@ -13,12 +17,18 @@ from dynbranch.datasets import (
     cache_dir,
     data_dir_candidates,
     fetch,
+    read_jsonl,
     read_sha256sums,
     require_dataset,
     resolve_data_dir,
     verify_checksums,
 )
-from dynbranch.errors import DataFetchError, DataMissingError, UnknownNameError
+from dynbranch.errors import (
+    DataFetchError,
+    DataMissingError,
+    MalformedRecordError,
+    UnknownNameError,
+)
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 needs_shared = pytest.mark.skipif(
@@ -79,10 +89,10 @@ def test_data_dir_resolution_order(clean_env, monkeypatch):
 
 
 def test_every_set_names_its_source_licence_and_files():
-    assert set(DATASETS) == {"bfcl", "musique", "hotpotqa", "sgd", "swe_agent"}
+    # NOTE: BFCL is the routing workload's (workloads.routing.bfcl_wheel), not the core's.
+    assert set(DATASETS) == {"musique", "hotpotqa", "sgd", "swe_agent"}
     for info in DATASETS.values():
         assert info.source.startswith("https://") and info.licence and info.files
-    assert DATASETS["bfcl"].in_cache and DATASETS["bfcl"].licence == "Apache-2.0"
     assert "musique" in DATASETS["musique"].source
     assert "dstc8-schema-guided-dialogue" in DATASETS["sgd"].source
 
@@ -92,8 +102,6 @@ def test_shared_copy_matches_its_checksums_and_the_declared_files():
     assert verify_checksums(SHARED) == []
     listed = set(read_sha256sums(SHARED / "SHA256SUMS"))
     for name, info in DATASETS.items():
-        if info.in_cache:
-            continue
         declared = {f"{name}/{f}" for f in info.files}
         assert declared == {p for p in listed if p.startswith(f"{name}/")}, name
         assert require_dataset(SHARED, name) == SHARED / name
@@ -132,7 +140,7 @@ def test_missing_data_dir_lists_every_candidate(clean_env):
     assert len(err.value.looked) == 3
     assert str(clean_env / "shared" / "data") in str(err.value)
     assert "--data-dir" in str(err.value)
-    with pytest.raises(UnknownNameError, match="known data sets: bfcl, hotpotqa"):
+    with pytest.raises(UnknownNameError, match="known data sets: hotpotqa, musique, sgd"):
         require_dataset(None, "imagenet")
 
 
@@ -141,3 +149,40 @@ def test_fetch_of_an_unreachable_source_names_it(tmp_path):
         fetch("hotpotqa", data_dir=tmp_path)
     assert "https://hotpotqa.github.io/" in str(err.value)
     assert f"place the files under {tmp_path / 'hotpotqa'}/" in str(err.value)
+
+
+# -- the JSON Lines reader ----------------------------------------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.dictionaries(st.text(), _JSON, max_size=4), st.integers(0, 2))))
+def test_read_jsonl_returns_every_record_with_its_line_number(tmp_path_factory, rows):
+    # NOTE: ensure_ascii=False writes U+2028 and friends raw: they must not split a record.
+    path = tmp_path_factory.mktemp("jsonl") / "rows.jsonl"
+    lines, expected = [], []
+    for record, blanks in rows:
+        lines += [" "] * blanks
+        lines.append(json.dumps(record, ensure_ascii=False))
+        expected.append((len(lines), record))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert list(read_jsonl(path, "toy")) == expected
+
+
+def test_read_jsonl_names_the_file_and_line_of_bad_input(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"a": 1}\n\n{oops\n')
+    with pytest.raises(MalformedRecordError, match=r"rows\.jsonl: record line 3: not JSON") as err:
+        list(read_jsonl(path, "toy"))
+    assert (err.value.path, err.value.record) == (str(path), "line 3")
+    path.write_text('{"a": 1}\n[1, 2]\n')
+    with pytest.raises(MalformedRecordError, match="record line 2: not a JSON object"):
+        list(read_jsonl(path, "toy"))
+    with pytest.raises(DataMissingError, match="data set 'toy' not found") as err:
+        list(read_jsonl(tmp_path / "absent.jsonl", "toy", "Ask for it."))
+    assert err.value.looked == [str(tmp_path / "absent.jsonl")] and err.value.how == "Ask for it."

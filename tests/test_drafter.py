@@ -17,7 +17,6 @@ from dynbranch.predictors import BranchContext, make_predictor
 from dynbranch.predictors.drafter import (
     DrafterConfig,
     DrafterPredictor,
-    drafter_accuracy,
     parse_vote,
     rank_by_votes,
 )
@@ -25,6 +24,7 @@ from dynbranch.runtime.run import FillOptions, GateOptions, RunContext
 from dynbranch.workflow import BranchCoordinate, BranchPoint
 from dynbranch.workload import DataConfig, RequestInstance
 from tests.toy import KEYS, ToyRequest
+from workloads.analysis.drafter import drafter_accuracy
 from workloads.analysis.trace import trace_request
 
 NAMES = ("alpha", "beta", "gamma", "delta")
@@ -102,7 +102,7 @@ def test_rank_is_seeded_and_deterministic():
     assert [a.rank(c, 4) for c in contexts] == [b.rank(c, 4) for c in contexts]
     assert [a.rank(c, 4) for c in contexts] == [a.rank(c, 4) for c in contexts]  # no drift
     other = _history(DrafterPredictor(seed=4))
-    assert [a._sample(c)[2] for c in contexts] != [other._sample(c)[2] for c in contexts]
+    assert [a.sample(c)[2] for c in contexts] != [other.sample(c)[2] for c in contexts]
 
 
 class _Pick(RequestInstance):

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dynbranch.datasets import MISSING_FILE, read_jsonl
 from dynbranch.errors import DataMissingError, MalformedRecordError
 
 DEV_FULL = "dev_200_full.jsonl"
@@ -154,20 +155,14 @@ def load_decompositions(path: Path, source: str = "dev2417") -> tuple[MusiqueRec
 
 def _items(path: Path) -> Iterator[tuple[str, Any]]:
     """``(where, raw)`` per record: ``line n`` of a JSONL file, ``item n`` of a JSON array."""
-    if not path.is_file():
-        raise DataMissingError(path.parent.name, [str(path)], "The file is missing.")
-    text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                yield f"line {n}", json.loads(line)
-            except ValueError as e:
-                raise MalformedRecordError(str(path), f"line {n}", f"not JSON: {e}") from None
+        for n, raw in read_jsonl(path, path.parent.name):
+            yield f"line {n}", raw
         return
+    if not path.is_file():
+        raise DataMissingError(path.parent.name, [str(path)], MISSING_FILE)
     try:
-        data = json.loads(text)
+        data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise MalformedRecordError(str(path), "file", f"not JSON: {e}") from None
     if not isinstance(data, list):

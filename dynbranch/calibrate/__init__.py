@@ -16,6 +16,11 @@ sets. Two sources of measurements, one solver:
 
 :func:`write_profile` writes the result as a profile TOML file and proves it parses back.
 The solver is a small Levenberg–Marquardt in log-knob space with bounds (no SciPy here).
+
+Two more things live here because they drive engines, which the pure gate must not:
+:func:`calibrate_price` checks C3's contention price (:class:`~dynbranch.gate.ContentionModel`)
+against the sim engine and fits its ``scale``; :class:`FillerText` is the one source of the
+random prompts and the requests every measurement above submits.
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ from dynbranch.calibrate.contention import (
     ContentionShape,
     ContentionTarget,
     PointError,
-    filler_text,
     fit_contention,
     measure_contention,
     sim_contention,
@@ -48,6 +52,13 @@ from dynbranch.calibrate.engine import (
     measure_cpu,
     measure_engine,
     profile_from_hf,
+)
+from dynbranch.calibrate.filler import FillerText
+from dynbranch.calibrate.price import (
+    FILL_COUNTS,
+    PriceCalibration,
+    PricePoint,
+    calibrate_price,
 )
 from dynbranch.calibrate.profile_io import (
     profile_toml,
@@ -71,18 +82,22 @@ __all__ = [
     "ContentionTarget",
     "FIG5B_FIT",
     "FIG5B_TARGETS",
+    "FILL_COUNTS",
     "FIXED_CONTEXT_WORDS",
+    "FillerText",
     "GRIDS",
     "KNOB_BOUNDS",
     "LsqResult",
     "MAX_CONTENTION_TARGETS",
     "PointError",
+    "PriceCalibration",
+    "PricePoint",
     "ProfileFit",
     "QUICK_GRIDS",
     "STEP_KNOBS",
     "StepMeasurement",
     "add_arguments",
-    "filler_text",
+    "calibrate_price",
     "fit_contention",
     "fit_profile",
     "least_squares",

@@ -9,36 +9,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dynbranch.calibrate.contention import (
-    FIG5B_FIT,
-    FIG5B_TARGETS,
-    ContentionCurve,
-    ContentionFit,
-    ContentionSample,
-    ContentionShape,
-    ContentionTarget,
-    fit_contention,
-    measure_contention,
-    sim_contention,
-)
-from dynbranch.calibrate.engine import (
-    ProfileFit,
-    StepMeasurement,
-    fit_profile,
-    measure_cpu,
-    measure_engine,
-    profile_from_hf,
-)
-from dynbranch.calibrate.profile_io import (
-    profile_toml,
-    write_profile,
-)
-from dynbranch.calibrate.solver import (
-    least_squares,
-)
-from dynbranch.engines.profile import (
-    Profile,
-)
+from dynbranch.calibrate.contention import ContentionShape, fit_contention
+from dynbranch.calibrate.engine import fit_profile, measure_cpu, measure_engine, profile_from_hf
+from dynbranch.calibrate.profile_io import write_profile
+from dynbranch.engines.profile import Profile
 from dynbranch.engines.protocol import Engine
 
 # -- the command line ----------------------------------------------------------------------
@@ -154,26 +128,4 @@ def _engine_main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = [
-    "FIG5B_FIT",
-    "FIG5B_TARGETS",
-    "ContentionCurve",
-    "ContentionFit",
-    "ContentionSample",
-    "ContentionShape",
-    "ContentionTarget",
-    "ProfileFit",
-    "StepMeasurement",
-    "add_arguments",
-    "fit_contention",
-    "fit_profile",
-    "least_squares",
-    "main",
-    "measure_contention",
-    "measure_cpu",
-    "measure_engine",
-    "profile_from_hf",
-    "profile_toml",
-    "sim_contention",
-    "write_profile",
-]
+__all__ = ["GRIDS", "QUICK_GRIDS", "add_arguments", "main"]

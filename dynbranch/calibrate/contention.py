@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dynbranch.calibrate.filler import FillerText
 from dynbranch.calibrate.solver import (
     CONTENTION_KNOBS,
     KNOB_BOUNDS,
@@ -23,7 +24,7 @@ from dynbranch.clock import Clock, VirtualClock
 from dynbranch.engines.profile import (
     Profile,
 )
-from dynbranch.engines.protocol import SPECULATIVE, Engine, GenerateRequest, GenerateResult
+from dynbranch.engines.protocol import SPECULATIVE, Engine, GenerateResult
 
 # -- Fig. 5b: a canonical request among co-resident fills ------------------------------------
 
@@ -87,19 +88,6 @@ class ContentionCurve:
         return sample.p50_s / self.base.p50_s - 1.0
 
 
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-def _vocabulary(rng: random.Random, size: int = 4096) -> list[str]:
-    """Words of 1–6 letters: each, with its leading space, is one stand-in token."""
-    return [" " + "".join(rng.choices(_LETTERS, k=rng.randint(1, 6))) for _ in range(size)]
-
-
-def filler_text(tokens: int, rng: random.Random, vocabulary: Sequence[str]) -> str:
-    """Random text of exactly ``tokens`` stand-in tokens (distinct texts share no prefix)."""
-    return "".join(rng.choices(vocabulary, k=tokens))
-
-
 async def _repetition(
     engine: Engine,
     clock: Clock,
@@ -108,8 +96,7 @@ async def _repetition(
     context: int,
     window_s: float,
     rep: int,
-    rng: random.Random,
-    vocabulary: Sequence[str],
+    filler: FillerText,
 ) -> tuple[float, float, list[GenerateResult]]:
     """One arrival of the canonical request: (latency, mean fill KV share, fill results)."""
     t0, u = clock.now(), (rep + 0.5) / shape.repetitions
@@ -117,24 +104,14 @@ async def _repetition(
 
     async def fill(i: int) -> GenerateResult:
         await clock.sleep_until(t0 + (i + u) * window_s / fills)
-        prompt = filler_text(shape.fill_instruction + context, rng, vocabulary)
-        request = GenerateRequest(
-            f"fill-{tag}-{i}",
-            prompt,
-            max_tokens=shape.fill_max_tokens,
-            replay_text=filler_text(shape.fill_max_tokens, rng, vocabulary),
-            priority=SPECULATIVE,
-        )
+        prompt = filler.text(shape.fill_instruction + context)
+        request = filler.request(f"fill-{tag}-{i}", prompt, shape.fill_max_tokens, SPECULATIVE)
         return await engine.generate(request)
 
     tasks = [asyncio.create_task(fill(i)) for i in range(fills)]
     await clock.sleep_until(t0 + (window_s if fills else 0.0))
-    canonical = GenerateRequest(
-        f"canonical-{tag}",
-        filler_text(shape.canonical_prompt, rng, vocabulary),
-        max_tokens=shape.canonical_output,
-        replay_text=filler_text(shape.canonical_output, rng, vocabulary),
-    )
+    prompt = filler.text(shape.canonical_prompt)
+    canonical = filler.request(f"canonical-{tag}", prompt, shape.canonical_output)
     start, shares, result = clock.now(), [], None
     async for chunk in engine.generate_stream(canonical):
         snap = engine.load()
@@ -150,13 +127,12 @@ async def _repetition(
 async def _sample(
     engine: Engine, clock: Clock, shape: ContentionShape, fills: int, words: int, window_s: float
 ) -> ContentionSample:
-    rng = random.Random(f"{shape.seed}-{fills}-{words}")
-    vocabulary = _vocabulary(rng)
+    filler = FillerText(random.Random(f"{shape.seed}-{fills}-{words}"))
     context = shape.context_tokens(words)
     latencies, shares, results = [], [], []
     for rep in range(shape.repetitions):
         latency, share, fill_results = await _repetition(
-            engine, clock, shape, fills, context, window_s, rep, rng, vocabulary
+            engine, clock, shape, fills, context, window_s, rep, filler
         )
         latencies.append(latency)
         shares.append(share)

@@ -15,10 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dynbranch.calibrate.contention import (
-    _vocabulary,
-    filler_text,
-)
+from dynbranch.calibrate.filler import FillerText
 from dynbranch.calibrate.solver import (
     KNOB_BOUNDS,
     STEP_KNOBS,
@@ -86,10 +83,10 @@ class StepMeasurement:
         return statistics.fmean(costs)
 
 
-async def _tokens_per_word(engine: Engine, rng: random.Random, vocabulary: Sequence[str]) -> float:
-    probe = GenerateRequest(
-        "calibrate-probe", filler_text(256, rng, vocabulary), max_tokens=1, replay_text=" x"
-    )
+async def _tokens_per_word(engine: Engine, filler: FillerText) -> float:
+    # NOTE: a fixed one-token replay, not a filler request: the probe must not draw from
+    # the generator beyond its prompt.
+    probe = GenerateRequest("calibrate-probe", filler.text(256), max_tokens=1, replay_text=" x")
     return (await engine.generate(probe)).prompt_tokens / 256
 
 
@@ -98,17 +95,10 @@ async def _batch(
     tag: str,
     prompts: Sequence[str],
     max_tokens: int,
-    rng: random.Random,
-    vocabulary: Sequence[str],
+    filler: FillerText,
 ) -> list[GenerateResult]:
     requests = [
-        GenerateRequest(
-            f"calibrate-{tag}-{i}",
-            p,
-            max_tokens=max_tokens,
-            replay_text=filler_text(max_tokens, rng, vocabulary),
-        )
-        for i, p in enumerate(prompts)
+        filler.request(f"calibrate-{tag}-{i}", p, max_tokens) for i, p in enumerate(prompts)
     ]
     # NOTE: tasks created together submit before the engine's next step, so one step
     # prefills the whole batch and every later step decodes all of it.
@@ -133,12 +123,11 @@ def measure_engine(
     """
 
     async def main() -> list[StepMeasurement]:
-        rng = random.Random(seed)
-        vocabulary = _vocabulary(rng)
+        filler = FillerText(random.Random(seed))
         engine = engine_factory()
         await engine.start()
         try:
-            ratio = await _tokens_per_word(engine, rng, vocabulary)
+            ratio = await _tokens_per_word(engine, filler)
             out = []
             for kind, batch, context in [("prefill", 1, c) for c in context_lengths] + [
                 ("decode", b, c) for b in batch_sizes for c in context_lengths
@@ -147,14 +136,13 @@ def measure_engine(
                 max_tokens = 1 if kind == "prefill" else decode_tokens + 1
                 runs = []
                 for rep in range(repeats + 1):  # the first run warms caches and allocators
-                    prompts = [filler_text(words, rng, vocabulary) for _ in range(batch)]
+                    prompts = [filler.text(words) for _ in range(batch)]
                     results = await _batch(
                         engine,
                         f"{kind}{batch}x{context}r{rep}",
                         prompts,
                         max_tokens,
-                        rng,
-                        vocabulary,
+                        filler,
                     )
                     runs.append(_step_seconds(kind, results))
                 out.append(

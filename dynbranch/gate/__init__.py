@@ -5,11 +5,17 @@
 * :mod:`~dynbranch.gate.price` — the contention price ``C_s(V)`` from the roofline;
 * :mod:`~dynbranch.gate.returns` — Action 0's per-coordinate return (eq. 4);
 * :mod:`~dynbranch.gate.reservations` — atomic KV reservations and their receipts;
-* :mod:`~dynbranch.gate.policy` — ``priced`` and ``fixed_threshold``;
+* :mod:`~dynbranch.gate.policy` — the four policies (:data:`POLICIES`): ``priced``
+  (DynBranch, both levels priced), ``fixed_threshold`` (neither: Action 0 always open,
+  Action 1 ``p~ > p*``), and the attribution variants that price one level only,
+  ``priced_a1_only`` (Action 0 always open, Action 1 priced) and ``priced_a0_fixed``
+  (Action 0 learned, Action 1 ``p~ > p*``);
+* :mod:`~dynbranch.gate.client` — the :class:`~dynbranch.gate.client.GateClient` the priced
+  fill policy talks to (in process here; over the central actor in :mod:`dynbranch.cluster`);
 * :mod:`~dynbranch.gate.gate` — the :class:`Gate` (Actions 0 and 1, eq. 5, greedy).
 
-:mod:`dynbranch.gate.calibrate` fits the price against the sim engine; it drives the engine
-and is therefore not imported here.
+Nothing here drives an engine: the check of the price against the sim engine, which fits
+its ``scale``, is :func:`dynbranch.calibrate.calibrate_price`.
 """
 
 from dynbranch.gate.beta import (

@@ -100,7 +100,7 @@ class GateConfig:
     """The gate's knobs. Every field is validated; defaults are the priced gate's."""
 
     policy: str = "priced"
-    p_star: float = 0.5  # fixed_threshold only
+    p_star: float = 0.5  # fixed_threshold and priced_a0_fixed only
     fanout: int = 3  # K: most fills one branch entry may admit
     kv_budget_blocks: int | None = None  # global reservation capacity (None: the budget's)
     branch_kv_blocks: int | None = None  # per branch entry (None: no cap below the global)
@@ -183,7 +183,8 @@ class Gate:
 
     @property
     def policy(self) -> str:
-        """The policy's name (``priced`` or ``fixed_threshold(p*=…)``)."""
+        """The policy's name: ``priced``, ``priced_a1_only``, ``fixed_threshold(p*=…)`` or
+        ``priced_a0_fixed(p*=…)``."""
         return self._policy.name
 
     @property

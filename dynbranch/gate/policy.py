@@ -3,7 +3,10 @@
 The :class:`~dynbranch.gate.gate.Gate` owns the loop (greedy admission, reservations,
 audits, learning); a policy only answers three small questions. ``priced`` is DynBranch's
 two-level gate; ``fixed_threshold`` is the attribution baseline of Fig. 13 (Action 0
-always open, Action 1 admits iff ``p~ > p*``, nothing priced, no audits).
+always open, Action 1 admits iff ``p~ > p*``, nothing priced, no audits). Fig. 13's
+attribution also needs one level priced and the other not: ``priced_a1_only`` (Action 0
+always open, Action 1 priced, with audits) and ``priced_a0_fixed`` (Action 0 opened by the
+learned return, Action 1 ``p~ > p*``, with audits). :func:`make_policy` builds each by name.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ with ``n`` canonical sequences
 Every canonical sequence sharing those steps waits that much longer, so the price is
 ``n · (decode_steps · Δdecode + Δprefill) · scale · q(busy)`` with ``n = rho · max_num_seqs``
 and ``q`` the queueing factor of a busy engine (:func:`queueing_factor`).
-``scale`` is the one factor :mod:`dynbranch.gate.calibrate` fits against the running
-engine.
+``scale`` is the one factor :func:`dynbranch.calibrate.calibrate_price` fits against the
+running sim engine.
 
 NOTE: the marginal cost of adding work ``(a FLOP-seconds, b byte-seconds)`` to a step with
 compute ``C`` and memory ``M`` is ``max(C + a, M + b) - max(C, M)``. We use the upper bound

@@ -34,15 +34,12 @@ Open-vocabulary branches (ReAct's next search) offer no candidates; the drafter 
 over the entities the :mod:`entity ranker <dynbranch.predictors.entity>` proposes from the
 previous hop's passages (its rank is the position feature).
 
-:func:`drafter_accuracy` measures the top-1 accuracy of the vote on held-out branches after
-learning online on the ``train`` split (the paper's Figure 11b statistic). With the defaults
-(N = 8, T = 1; seed 0), learning on all of ``train`` and on each ``test`` branch after
-ranking it: Routing, 1,903 test branches, top-1 61 % (the model's argmax 61 %, top-3 75 %;
-the frequency predictor 42 %; seeds 1 and 2: 62 %); HCI, 1,463 branches, 86 % (frequency
-88 %); ReAct (300 train requests), 527 branches with passages, 12 % (the entity ranker 13 %).
-On the ``sim`` engine with the ``qwen3-0.6b@h200`` profile a draft of one branch takes
-about 23 ms alone (a 180-700 token prompt, 8 concurrent calls of a few tokens); with
-``think_tokens=256``, about 0.75 s.
+Its accuracy on held-out branches (the paper's Figure 11b statistic) is measured by
+:func:`workloads.analysis.drafter.drafter_accuracy`, which runs workload data and so lives
+above the core; the numbers it gave are in that module's docstring. On the ``sim`` engine
+with the ``qwen3-0.6b@h200`` profile a draft of one branch takes about 23 ms alone (a
+180-700 token prompt, 8 concurrent calls of a few tokens); with ``think_tokens=256``, about
+0.75 s.
 """
 
 from __future__ import annotations
@@ -55,7 +52,7 @@ import re
 import zlib
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateResult
@@ -148,8 +145,9 @@ class ChoiceModel:
         self._g2: dict[str, float] = {}
         self.learned = 0
 
-    def features(self, ctx: BranchContext, pool: Sequence[str], previous: str,
-                 proposed: bool) -> list[dict[str, float]]:
+    def features(
+        self, ctx: BranchContext, pool: Sequence[str], previous: str, proposed: bool
+    ) -> list[dict[str, float]]:
         """φ(c) for each candidate of ``pool`` (see the module docstring)."""
         c = ctx.coordinate
         stage = f"{c.workflow}/{c.stage}|"
@@ -160,9 +158,11 @@ class ChoiceModel:
         words = _evidence_words(ctx.evidence, skip=("passages",) if proposed else ())
         out = []
         for i, candidate in enumerate(pool):
-            phi = {f"{stage}cand={candidate}": 1.0,
-                   f"{stage}prev={previous}>{candidate}": 1.0,
-                   f"{stage}pos={min(i, _MAX_POSITION)}": 1.0}
+            phi = {
+                f"{stage}cand={candidate}": 1.0,
+                f"{stage}prev={previous}>{candidate}": 1.0,
+                f"{stage}pos={min(i, _MAX_POSITION)}": 1.0,
+            }
             extra = listed.get(candidate, ())
             if isinstance(extra, Sequence) and not isinstance(extra, str):
                 phi.update({f"{stage}feat={f}": 1.0 for f in extra if isinstance(f, str)})
@@ -175,8 +175,9 @@ class ChoiceModel:
     def scores(self, phis: Sequence[Mapping[str, float]]) -> list[float]:
         return [sum(self._w.get(f, 0.0) * v for f, v in phi.items()) for phi in phis]
 
-    def probabilities(self, phis: Sequence[Mapping[str, float]],
-                      temperature: float = 1.0) -> list[float]:
+    def probabilities(
+        self, phis: Sequence[Mapping[str, float]], temperature: float = 1.0
+    ) -> list[float]:
         """The model's distribution over the candidates at ``temperature``."""
         return _softmax([s / temperature for s in self.scores(phis)])
 
@@ -196,7 +197,8 @@ class ChoiceModel:
             g -= self.l2 * self._w.get(f, 0.0)
             self._g2[f] = self._g2.get(f, 0.0) + g * g
             self._w[f] = self._w.get(f, 0.0) + self.learning_rate * g / (
-                math.sqrt(self._g2[f]) + 1e-8)
+                math.sqrt(self._g2[f]) + 1e-8
+            )
         self.learned += 1
 
 
@@ -231,8 +233,12 @@ def _strings(value: Any) -> list[str]:
 # -- votes, prompts, parsing ------------------------------------------------------------------
 
 
-def rank_by_votes(votes: Sequence[str], pool: Sequence[str],
-                  prior: Sequence[float] | None = None, pad: bool = False) -> list[str]:
+def rank_by_votes(
+    votes: Sequence[str],
+    pool: Sequence[str],
+    prior: Sequence[float] | None = None,
+    pad: bool = False,
+) -> list[str]:
     """Candidates of ``pool`` by vote count, best first.
 
     Ties break by ``prior`` (higher first), then by position in ``pool``, so equal votes
@@ -253,8 +259,10 @@ def render_prompt(ctx: BranchContext, pool: Sequence[str], max_context_chars: in
     text = json.dumps(evidence, sort_keys=True, ensure_ascii=False, default=str)
     text = text[-max_context_chars:] if max_context_chars else ""
     options = "\n".join(f"- {c}" for c in pool)
-    return (f"Predict the next decision of {ctx.coordinate}.\nContext: {text}\n"
-            f"Candidates:\n{options}\nAnswer with exactly one candidate.\nAnswer: ")
+    return (
+        f"Predict the next decision of {ctx.coordinate}.\nContext: {text}\n"
+        f"Candidates:\n{options}\nAnswer with exactly one candidate.\nAnswer: "
+    )
 
 
 THINK_END = "</think>"
@@ -320,8 +328,9 @@ class DrafterPredictor(DraftingPredictor):
 
     # -- drafting -------------------------------------------------------------------------
 
-    def _sample(self, ctx: BranchContext) -> tuple[tuple[str, ...], list[float], list[str]]:
-        """The pool, its model probabilities, and N samples at the configured temperature."""
+    def sample(self, ctx: BranchContext) -> tuple[tuple[str, ...], list[float], list[str]]:
+        """The pool, its model probabilities, and N samples at the configured temperature
+        (what :meth:`rank` and :meth:`draft` vote with; deterministic per branch)."""
         pool, phis = self._features(ctx)
         if not pool:
             return pool, [], []
@@ -335,25 +344,27 @@ class DrafterPredictor(DraftingPredictor):
         samples = []
         for _ in range(self.config.samples):
             x = rng.random() * total
-            samples.append(pool[next((i for i, c in enumerate(cumulative) if x < c),
-                                     len(pool) - 1)])
+            samples.append(
+                pool[next((i for i, c in enumerate(cumulative) if x < c), len(pool) - 1)]
+            )
         return pool, p, samples
 
     def rank(self, ctx: BranchContext, k: int) -> list[str]:
         """The draft's ranking with no engine: the choice model's N samples, by vote."""
         if k <= 0:
             return []
-        pool, p, samples = self._sample(ctx)
+        pool, p, samples = self.sample(ctx)
         return rank_by_votes(samples, pool, p, self.config.pad)[:k]
 
-    async def draft(self, ctx: BranchContext, k: int, generate: Generate,
-                    now: Callable[[], float] | None = None) -> Draft:
+    async def draft(
+        self, ctx: BranchContext, k: int, generate: Generate, now: Callable[[], float] | None = None
+    ) -> Draft:
         """Draft ``ctx`` on an engine: N concurrent calls through ``generate``, ranked by vote.
 
         ``now`` is the caller's clock for ``setup_s``; without it the engine's own times are
         used (first arrival to last finish). Cancelling the draft cancels its calls.
         """
-        pool, p, samples = self._sample(ctx)
+        pool, p, samples = self.sample(ctx)
         if not pool or k <= 0:
             return Draft((), 0.0, ())
         requests = self._requests(ctx, pool, samples)
@@ -366,11 +377,17 @@ class DrafterPredictor(DraftingPredictor):
         parsed = [parse_vote(r.text, pool) for r in results]
         votes = tuple(v if v is not None else s for v, s in zip(parsed, samples, strict=True))
         ranked = rank_by_votes(votes, pool, p, self.config.pad)[:k]
-        return Draft(tuple(ranked), setup_s, votes, sum(v is not None for v in parsed),
-                     sum(r.output_tokens for r in results))
+        return Draft(
+            tuple(ranked),
+            setup_s,
+            votes,
+            sum(v is not None for v in parsed),
+            sum(r.output_tokens for r in results),
+        )
 
-    def _requests(self, ctx: BranchContext, pool: Sequence[str],
-                  samples: Sequence[str]) -> list[GenerateRequest]:
+    def _requests(
+        self, ctx: BranchContext, pool: Sequence[str], samples: Sequence[str]
+    ) -> list[GenerateRequest]:
         """One drafter call per sample: the same prompt, the sample as the replayed text."""
         prompt = render_prompt(ctx, pool, self.config.max_context_chars)
         think = self.config.think_tokens
@@ -380,11 +397,19 @@ class DrafterPredictor(DraftingPredictor):
         # NOTE: per-sample engine seeds, so a real engine's N samples differ reproducibly
         base = zlib.crc32(f"{self.config.seed}|{ctx.request_id}|{ctx.coordinate}".encode())
         self._calls += 1
-        return [GenerateRequest(
-            request_id=f"draft/{ctx.request_id}/{ctx.coordinate}/{self._calls}/{i}",
-            prompt=prompt, max_tokens=budget, replay_text=lead + sample, priority=SPECULATIVE,
-            temperature=self.config.temperature, seed=(base + i) % 2**31,
-            session=ctx.request_id) for i, sample in enumerate(samples)]
+        return [
+            GenerateRequest(
+                request_id=f"draft/{ctx.request_id}/{ctx.coordinate}/{self._calls}/{i}",
+                prompt=prompt,
+                max_tokens=budget,
+                replay_text=lead + sample,
+                priority=SPECULATIVE,
+                temperature=self.config.temperature,
+                seed=(base + i) % 2**31,
+                session=ctx.request_id,
+            )
+            for i, sample in enumerate(samples)
+        ]
 
     # -- learning -------------------------------------------------------------------------
 
@@ -402,115 +427,3 @@ class DrafterPredictor(DraftingPredictor):
         self._previous.move_to_end(key)
         while len(self._previous) > self.config.history:
             self._previous.popitem(last=False)
-
-
-# -- accuracy on held-out branches ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DrafterAccuracy:
-    """Top-1 accuracy of the drafter on a workload's held-out (``test``) branches.
-
-    ``top1`` is the N-sample vote's; ``top1_expected`` the choice model's argmax (N → ∞);
-    ``top3`` the vote's top-3 coverage; ``baseline_top1`` the same branches under the
-    ``baseline`` predictor learned the same way. ``mean_named`` is the mean number of
-    distinct candidates the N samples named (what a drafter can offer for filling).
-    """
-
-    workload: str
-    samples: int
-    temperature: float
-    train_requests: int
-    train_branches: int
-    test_requests: int
-    branches: int
-    top1: float
-    top1_expected: float
-    top3: float
-    mean_named: float
-    baseline: str
-    baseline_top1: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def drafter_accuracy(workload: Any = "routing", data: Any = None, n_train: int | None = None,
-                     n_test: int | None = None, seed: int = 0, *, samples: int = 8,
-                     temperature: float = 1.0, baseline: str = "frequency",
-                     online: bool = True) -> DrafterAccuracy:
-    """Learn online on ``n_train`` requests of ``train``, then rank every branch of
-    ``n_test`` requests of ``test`` (``None``: the whole split) before it is observed.
-
-    ``workload`` is a name or a :class:`~dynbranch.workload.Workload`; ``data`` a
-    :class:`~dynbranch.workload.DataConfig` (default: the resolved data directory).
-    Requests run through a sequential tracing context (choices only, no engines:
-    :func:`workloads.analysis.trace.trace_request`). With ``online`` both predictors keep
-    learning from each test branch *after* ranking it, as they do in a run. Branches with
-    nothing to draft over (no candidates, no passages) are not scored.
-    """
-    from dynbranch.predictors import make_predictor
-
-    w, data = _workload(workload, data)
-    drafter = DrafterPredictor(samples=samples, temperature=temperature, seed=seed)
-    other = make_predictor(baseline)
-    n_tr, train = _traced_branches(w, data, "train", n_train, seed)
-    for ctx, chosen in train:
-        drafter.observe(ctx, chosen)
-        other.observe(ctx, chosen)
-    n_te, test = _traced_branches(w, data, "test", n_test, seed)
-    hits: Counter[str] = Counter()
-    for ctx, chosen in test:
-        pool, p, votes = drafter._sample(ctx)
-        if pool:
-            ranked = rank_by_votes(votes, pool, p)
-            expected = rank_by_votes((), pool, p, pad=True)
-            hits["scored"] += 1
-            hits["top1"] += bool(ranked) and ranked[0] in chosen
-            hits["top3"] += any(c in chosen for c in ranked[:3])
-            hits["expected"] += expected[0] in chosen
-            hits["baseline"] += any(c in chosen for c in other.rank(ctx, 1))
-            hits["named"] += len(ranked)
-        if online:
-            drafter.observe(ctx, chosen)
-            other.observe(ctx, chosen)
-        else:
-            drafter.remember(ctx, chosen)  # branch-time knowledge for the next branch
-    scored = hits["scored"]
-    rate = (lambda x: x / scored) if scored else (lambda _x: 0.0)
-    return DrafterAccuracy(
-        workload=w.name, samples=samples, temperature=temperature, train_requests=n_tr,
-        train_branches=len(train), test_requests=n_te, branches=scored,
-        top1=rate(hits["top1"]), top1_expected=rate(hits["expected"]), top3=rate(hits["top3"]),
-        mean_named=rate(hits["named"]), baseline=baseline,
-        baseline_top1=rate(hits["baseline"]))
-
-
-def _workload(workload: Any, data: Any) -> tuple[Any, Any]:
-    from workloads import get_workload
-
-    if data is None:
-        from dynbranch.datasets import cache_dir, resolve_data_dir
-        from dynbranch.workload import DataConfig
-
-        data = DataConfig(resolve_data_dir(None), cache_dir())
-    w = get_workload(workload) if isinstance(workload, str) else workload
-    w.fetch_data(data, lambda _m: None)
-    return w, data
-
-
-def _traced_branches(w: Any, data: Any, split: str, n: int | None,
-                     seed: int) -> tuple[int, list[tuple[BranchContext, tuple[str, ...]]]]:
-    """``n`` requests of ``split`` (``None``: each record once) and their branches, traced."""
-    from workloads.analysis.trace import trace_request
-
-    if n is None:
-        pool = getattr(w, "records", None) or getattr(w, "episodes", None)
-        if pool is None:
-            raise ValueError(f"{w.name}: give the number of {split} requests")
-        n = len(pool(data, split))
-    out = []
-    for request in w.requests(data, n, seed, split):
-        for point, chosen in trace_request(request).branches:
-            out.append((BranchContext.of(request.request_id, point), chosen))
-    return n, out

@@ -93,7 +93,12 @@ class SubgraphStore:
     ``tombstones`` bounds how many removed names still report why they are gone.
 
     NOTE: shadows are evicted before any committed record (they are speculative and most
-    are never promoted); C2 pins a shadow it is about to promote if it must survive.
+    are never promoted). Nothing pins a shadow between the lookup that finds it and its
+    :meth:`promote`: in process the two run back to back, and through the Ray shards a
+    put in between may evict it; :meth:`promote` re-checks the name and key, so such a
+    shadow is a miss (``None``: the stage executes, or joins a run in flight), never a
+    wrong value.
+    :meth:`pin` is for a caller that must keep a record across a longer wait.
     """
 
     def __init__(self, capacity_bytes: int, policy: EvictionPolicy | str = "lru", *,

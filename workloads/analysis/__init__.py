@@ -2,5 +2,6 @@
 
 :mod:`~workloads.analysis.trace` runs request programs without engines and keeps what they
 render; :mod:`~workloads.analysis.recurrence` measures recurrence (Fig. 5a) and the entity
-ranker's coverage.
+ranker's coverage; :mod:`~workloads.analysis.drafter` measures the drafter predictor's
+top-1 accuracy on held-out branches (Fig. 11b).
 """

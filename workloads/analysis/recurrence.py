@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dynbranch.datasets import require_dataset, resolve_data_dir
+from dynbranch.datasets import read_jsonl, require_dataset, resolve_data_dir
 from dynbranch.errors import MalformedRecordError
 from dynbranch.predictors.entity import RankerWeights, rank_entities
 from dynbranch.workload import DataConfig
@@ -277,21 +277,14 @@ def _by_repo(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
 
 def _mini_swe_commands(path: Path) -> list[tuple[str, str]]:
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except ValueError as e:
-                raise MalformedRecordError(str(path), f"line {n}", f"not JSON: {e}") from None
-            if not isinstance(raw, dict) or not isinstance(raw.get("repo"), str):
-                raise MalformedRecordError(str(path), f"line {n}", "needs a string 'repo'")
-            command = raw.get("command")
-            if command is not None and not isinstance(command, str):
-                raise MalformedRecordError(str(path), f"line {n}", "'command' is not text")
-            if command is not None:
-                out.append((raw["repo"], command))
+    for n, raw in read_jsonl(path, "swe_agent"):
+        if not isinstance(raw.get("repo"), str):
+            raise MalformedRecordError(str(path), f"line {n}", "needs a string 'repo'")
+        command = raw.get("command")
+        if command is not None and not isinstance(command, str):
+            raise MalformedRecordError(str(path), f"line {n}", "'command' is not text")
+        if command is not None:
+            out.append((raw["repo"], command))
     return out
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from dynbranch.datasets import read_jsonl
 from dynbranch.errors import DataMissingError, MalformedRecordError
 
 SCHEMA_FILE = "dev/schema.json"
@@ -279,32 +280,21 @@ def _result(path: Path, rid: str, raw: Any, where: str) -> Mapping[str, str]:
 
 def load_pairs(path: Path) -> tuple[Pair, ...]:
     """Every record of ``offer_pick_pairs_dev_test.jsonl``, validated (not yet joined)."""
-    if not path.is_file():
-        raise DataMissingError("sgd", [str(path)], HOW_TO_GET)
     pairs, seen = [], {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            pair = _pair(path, n, line)
-            key = (pair.split, pair.id)
-            if key in seen:
-                raise MalformedRecordError(
-                    str(path), f"line {n}", f"same dialogue, turn and service as line {seen[key]}"
-                )
-            seen[key] = n
-            pairs.append(pair)
+    for n, raw in read_jsonl(path, "sgd", HOW_TO_GET):
+        pair = _pair(path, n, raw)
+        key = (pair.split, pair.id)
+        if key in seen:
+            raise MalformedRecordError(
+                str(path), f"line {n}", f"same dialogue, turn and service as line {seen[key]}"
+            )
+        seen[key] = n
+        pairs.append(pair)
     return tuple(pairs)
 
 
-def _pair(path: Path, n: int, line: str) -> Pair:
+def _pair(path: Path, n: int, raw: Mapping[str, Any]) -> Pair:
     rid = f"line {n}"
-    try:
-        raw = json.loads(line)
-    except ValueError as e:
-        raise MalformedRecordError(str(path), rid, f"not JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise MalformedRecordError(str(path), rid, "not a JSON object")
 
     def get(name: str, kind: type | tuple[type, ...]) -> Any:
         return _field(path, rid, raw, name, kind)

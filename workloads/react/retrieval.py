@@ -33,7 +33,7 @@ from typing import Any
 import bm25s
 import numpy as np
 
-from dynbranch.datasets import require_dataset
+from dynbranch.datasets import read_jsonl, require_dataset
 from dynbranch.errors import MalformedRecordError, ToolInputError
 from dynbranch.workload import MeasuredCost, ModelledCost, Tool, ToolCost, ToolResult
 
@@ -164,19 +164,12 @@ def _text_fields(path: Path, rid: str | int, raw: Any, need_id: bool) -> tuple[s
 
 def _jsonl_passages(path: Path) -> Iterator[Passage]:
     ids: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except ValueError as e:
-                raise MalformedRecordError(str(path), f"line {n}", f"not JSON: {e}") from None
-            pid, title, text = _text_fields(path, f"line {n}", raw, need_id=True)
-            if pid in ids:
-                raise MalformedRecordError(str(path), pid, "duplicate passage id")
-            ids.add(pid)
-            yield Passage(pid, title, text)
+    for n, raw in read_jsonl(path, path.parent.name):
+        pid, title, text = _text_fields(path, f"line {n}", raw, need_id=True)
+        if pid in ids:
+            raise MalformedRecordError(str(path), pid, "duplicate passage id")
+        ids.add(pid)
+        yield Passage(pid, title, text)
 
 
 def _array_passages(path: Path, prefix: str) -> Iterator[Passage]:

@@ -1,6 +1,7 @@
 """Routing: BFCL function calling as a router → handler → executor workflow (DESIGN.md §4).
 
-Modules: :mod:`~workloads.routing.bfcl_data` (loading and validation),
+Modules: :mod:`~workloads.routing.bfcl_wheel` (the pinned ``bfcl-eval`` wheel, fetched from
+PyPI into the cache), :mod:`~workloads.routing.bfcl_data` (loading and validation),
 :mod:`~workloads.routing.apis` (the executable API classes and their declared effects),
 :mod:`~workloads.routing.schema` (single-turn schemas), :mod:`~workloads.routing.tools` (the
 ``bfcl`` tool), :mod:`~workloads.routing.template`, :mod:`~workloads.routing.request` and

@@ -16,14 +16,14 @@ before any request runs.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from dynbranch.errors import DataMissingError, MalformedRecordError
+from dynbranch.datasets import read_jsonl
+from dynbranch.errors import MalformedRecordError
 from workloads.routing.apis import ApiSuite, load_api_suite
 from workloads.routing.calls import CallSyntaxError, format_call, parse_call
 
@@ -114,19 +114,8 @@ def load_bfcl(root: Path, categories: tuple[str, ...] = CATEGORIES) -> BFCLData:
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    if not path.is_file():
-        raise DataMissingError("bfcl", [str(path)], "Run `dynbranch data bfcl`.")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except ValueError as e:
-                raise MalformedRecordError(str(path), f"line {n}", f"not JSON: {e}") from None
-            if not isinstance(raw, dict):
-                raise MalformedRecordError(str(path), f"line {n}", "not a JSON object")
-            yield n, raw
+    """BFCL's ``.json`` files are JSON Lines: one record (or function doc) per line."""
+    return read_jsonl(path, "bfcl", "Run `dynbranch data bfcl`.")
 
 
 def _field(path: Path, record: str | int, raw: Mapping, name: str, kind: type) -> Any:

@@ -15,8 +15,8 @@
 
 from __future__ import annotations
 
-from dynbranch.datasets import BFCL_VERSION
 from dynbranch.workflow import SamplingParams, StageSpec, SubgraphSpec, Template
+from workloads.routing.bfcl_wheel import BFCL_VERSION
 
 WORKFLOW = "routing"
 TOOL_NAME = "bfcl"

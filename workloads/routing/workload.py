@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dynbranch.canonical import digest
-from dynbranch.datasets import bfcl_root, fetch_bfcl
 from dynbranch.decode_lengths import check_mode
 from dynbranch.errors import ConfigError, DataError
 from dynbranch.workload import DataConfig, Workload
 from workloads.routing.apis import ApiState
 from workloads.routing.bfcl_data import CATEGORIES, BFCLData, Record, load_bfcl
+from workloads.routing.bfcl_wheel import bfcl_root, fetch_bfcl
 from workloads.routing.request import RoutingRequest
 from workloads.routing.template import TEMPLATE
 from workloads.routing.tools import TOOL_TIMES

@@ -1,0 +1,237 @@
+"""The priced policy's client of the central gate actor: retries, then degrades.
+
+:class:`RayGateClient` retries a call that fails because the actor is restarting, within a
+:class:`RetryPolicy`, then *degrades*: ``generation`` answers closed, ``admit`` refuses
+every candidate (reason :data:`UNAVAILABLE`); ``release``, ``learn`` and the abandonment of
+a degraded ``admit`` are queued and sent once the gate answers again. A gate outage
+therefore costs fills, never a request, and never admits an unpriced fill. Each deciding
+or learning call carries a fresh call id, which the actor uses to answer a retry from its
+log (:mod:`~dynbranch.cluster.gate.actor`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dynbranch.cluster.gate.codec import Observation
+from dynbranch.gate import (
+    Admission,
+    BranchReturn,
+    Candidate,
+    GenerationDecision,
+    LoadView,
+)
+from dynbranch.gate.client import GateClient
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+PENDING_LEARN_MAX = 4096
+"""Calls a client queues while the gate is down before it drops the oldest learning batch."""
+UNAVAILABLE = "gate_unavailable"
+"""The refusal reason of a candidate the gate could not be asked about."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a client keeps asking a restarting gate before it degrades a call.
+
+    NOTE: a decision takes well under a millisecond, and Ray restarts the actor in about a
+    second (a new worker process, then the restore); the bounds are sized so an outage
+    costs a branch at most ``deadline_s``, and later branches nothing while ``cooldown_s``
+    lets the actor come back.
+    """
+
+    call_timeout_s: float = 0.5  # one attempt
+    deadline_s: float = 1.0  # all attempts of one call
+    backoff_s: float = 0.05  # first pause between attempts; doubles each time
+    cooldown_s: float = 0.5  # after a call degrades, answer locally this long without asking
+    startup_timeout_s: float = 60.0  # the actor's first start (a worker process and imports)
+
+    def __post_init__(self) -> None:
+        bad = [f"{k}={v!r}" for k, v in vars(self).items() if not (math.isfinite(v) and v >= 0)]
+        if bad or self.call_timeout_s <= 0:
+            raise ValueError(f"invalid RetryPolicy: {', '.join(bad) or 'call_timeout_s <= 0'}")
+
+
+class _Unavailable(Exception):
+    """The gate did not answer within the retry policy."""
+
+
+class RayGateClient(GateClient):
+    """A :class:`GateClient` over the central :class:`GateActor` (see the module doc).
+
+    What must reach the gate eventually (releases, learning, abandoned admits) goes through
+    one FIFO queue, sent by ``release``, ``learn``, ``stats`` and ``close``; what cannot
+    wait (Actions 0 and 1) is asked directly and degrades. The client owns no actor (the
+    backend kills it at shutdown). NOTE: its timeouts read the wall clock
+    (``time.monotonic``): they bound real RPCs, and the Ray backend runs on the real clock
+    only.
+    """
+
+    def __init__(self, actor: ActorHandle, policy: str, retry: RetryPolicy | None = None) -> None:
+        self._actor, self.policy = actor, policy
+        self.retry = retry or RetryPolicy()
+        self._ids = (f"{uuid.uuid4().hex[:12]}:{i}" for i in itertools.count())
+        self._ready = actor.ping.remote()
+        self._down_until = 0.0
+        self._pending: list[tuple[str, tuple]] = []
+        self.counts = dict.fromkeys(
+            ("calls", "retries", "degraded_generation", "degraded_admit", "learn_dropped"), 0
+        )
+
+    async def generation(self, coordinate: str, now: float) -> GenerationDecision:
+        """Action 0; closed (no fills) while the gate cannot answer."""
+        if not self._down():
+            try:
+                return await self._call("generation", next(self._ids), coordinate, now)
+            except _Unavailable:
+                pass
+        self.counts["degraded_generation"] += 1
+        return GenerationDecision(False, math.nan)
+
+    async def admit(
+        self, coordinate: str, candidates: Sequence[Candidate], view: LoadView, now: float
+    ) -> list[Admission]:
+        """Action 1; every candidate refused (:data:`UNAVAILABLE`) while the gate cannot answer."""
+        if not self._down():
+            call_id = next(self._ids)
+            try:
+                return await self._call("admit", call_id, coordinate, list(candidates), view, now)
+            except _Unavailable:
+                # NOTE: the call may still have run (its reply lost) or run later; abandoning
+                # its id releases what it reserved, or makes it admit nothing.
+                self._pending.append(("abandon", ([call_id],)))
+        self.counts["degraded_admit"] += 1
+        return [
+            Admission(c.name, c.rank, 0.0, 0.0, 0.0, c.gain_ms, 0.0, 0.0, UNAVAILABLE)
+            for c in candidates
+        ]
+
+    async def release(self, reservations: Sequence[Any]) -> int:
+        """Returns how many receipts the gate still held; 0 while they wait in the queue."""
+        if reservations:
+            self._pending.append(("release", (list(reservations),)))
+        return await self._flush()
+
+    async def learn(
+        self, observations: Sequence[Observation], settlements: Sequence[tuple[str, BranchReturn]]
+    ) -> None:
+        """Queue one learning call (with a fresh call id) and send the queue if the gate is up."""
+        self._pending.append(("learn", (next(self._ids), list(observations), list(settlements))))
+        self._bound_queue()
+        await self._flush()
+
+    async def stats(self) -> dict[str, Any]:
+        """The actor's stats (``reserved_blocks`` None when it cannot answer) and this
+        client's counters under ``client``."""
+        await self._flush(force=True)
+        try:
+            got = await self._call("stats")
+        except _Unavailable:
+            got = {"reserved_blocks": None, "unavailable": True}
+        queued = {
+            f"pending_{m}": sum(1 for n, _ in self._pending if n == m)
+            for m in ("release", "learn", "abandon")
+        }
+        return {**got, "client": {**self.counts, **queued}}
+
+    async def close(self) -> None:
+        """Send what is still queued, if the gate answers."""
+        await self._flush(force=True)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    def _bound_queue(self) -> None:
+        """Past :data:`PENDING_LEARN_MAX` queued calls, drop the oldest learning batch.
+
+        NOTE: only learning: a dropped release or abandon would leak reserved blocks.
+        """
+        if len(self._pending) > PENDING_LEARN_MAX:
+            oldest = next((i for i, (m, _) in enumerate(self._pending) if m == "learn"), None)
+            if oldest is not None:
+                del self._pending[oldest]
+                self.counts["learn_dropped"] += 1
+
+    async def _flush(self, force: bool = False) -> int:
+        """Send the queue in order; returns how many released receipts the gate still held.
+
+        A call the gate refuses (bad input) is dropped and its error raised; the rest of
+        the queue stays queued.
+        """
+        if not self._pending or (self._down() and not force):
+            return 0
+        todo, self._pending = self._pending, []
+        freed = 0
+        for i, (method, args) in enumerate(todo):
+            try:
+                reply = await self._call(method, *args)
+            except _Unavailable:
+                self._pending[:0] = todo[i:]
+                break
+            except BaseException:
+                self._pending[:0] = todo[i + 1 :]
+                raise
+            freed += reply if method == "release" else 0
+        return freed
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        """The actor's reply, retried through a restart within the policy.
+
+        Raises :class:`_Unavailable` when the policy is spent (and starts the cooldown);
+        an error the gate itself raised (bad input) propagates as it would in process.
+        """
+        from ray.exceptions import RayActorError
+
+        await self._started()
+        self.counts["calls"] += 1
+        retry = self.retry
+        deadline, pause = time.monotonic() + retry.deadline_s, retry.backoff_s
+        while True:
+            ref = getattr(self._actor, method).remote(*args)
+            left = deadline - time.monotonic()
+            try:
+                return await asyncio.wait_for(ref, max(1e-3, min(retry.call_timeout_s, left)))
+            except (RayActorError, TimeoutError) as e:
+                _cancel(ref)
+                if time.monotonic() + pause >= deadline:
+                    self._down_until = time.monotonic() + retry.cooldown_s
+                    raise _Unavailable(f"gate actor: {method} failed: {e!r}") from e
+            self.counts["retries"] += 1
+            await asyncio.sleep(pause)
+            pause *= 2
+
+    async def _started(self) -> None:
+        """Wait (up to ``startup_timeout_s``) for the actor's first start.
+
+        NOTE: every caller awaits the same ping until it has answered once: concurrent
+        first calls must not spend their per-call timeouts on the worker's start-up.
+        """
+        from ray.exceptions import RayActorError
+
+        if self._ready is None:
+            return
+        with contextlib.suppress(RayActorError, TimeoutError):
+            await asyncio.wait_for(self._ready, self.retry.startup_timeout_s)
+        self._ready = None
+
+
+def _cancel(ref: Any) -> None:
+    """Best effort: drop a call that timed out if it has not run (its id makes a late run
+    harmless anyway)."""
+    import ray
+    from ray.exceptions import RayError
+
+    with contextlib.suppress(RayError, TypeError, ValueError):
+        ray.cancel(ref)

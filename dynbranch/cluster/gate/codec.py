@@ -1,0 +1,118 @@
+"""The gate actor's wire and journal rows: compact, JSON-able lists.
+
+Every call that crosses the actor boundary or enters the journal is written with these
+functions, and read back with their inverses, so a replayed journal entry and a live call
+decode to the same objects. :func:`dumps` is the one JSON encoder of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dynbranch.gate import (
+    Admission,
+    BranchReturn,
+    Candidate,
+    FillShape,
+    GenerationDecision,
+    Reservation,
+)
+
+Observation = tuple[str, int, bool, bool | None]
+"""One learning observation: (stage key, rank, selected, usable)."""
+
+
+def encode_candidate(c: Candidate) -> list:
+    """A candidate as a row (its shape flattened)."""
+    s = c.shape
+    return [
+        c.name,
+        c.rank,
+        c.stage_key,
+        c.gain_ms,
+        [s.prompt_tokens, s.output_tokens, s.context_tokens],
+        c.kv_blocks,
+    ]
+
+
+def decode_candidate(row: list) -> Candidate:
+    """The inverse of :func:`encode_candidate`."""
+    name, rank, stage_key, gain_ms, shape, kv_blocks = row
+    return Candidate(name, rank, stage_key, gain_ms, FillShape(*shape), kv_blocks)
+
+
+def encode_receipt(r: Reservation) -> list:
+    """A reservation receipt as a row (:class:`Reservation` takes it back positionally)."""
+    return [r.ledger, r.reservation_id, r.coordinate, r.candidate, r.blocks, r.reserved_at]
+
+
+def decode_receipt(row: list) -> Reservation:
+    """The inverse of :func:`encode_receipt`."""
+    return Reservation(*row)
+
+
+def encode_admission(a: Admission) -> list:
+    """An admission as a row, its receipt (if any) last."""
+    receipt = None if a.reservation is None else encode_receipt(a.reservation)
+    return [
+        a.candidate,
+        a.rank,
+        a.p_tilde,
+        a.p_sel,
+        a.p_use,
+        a.gain_ms,
+        a.price_ms,
+        a.utility_ms,
+        a.reason,
+        a.audit,
+        receipt,
+    ]
+
+
+def decode_admission(row: list) -> Admission:
+    """The inverse of :func:`encode_admission`."""
+    *values, receipt = row
+    return Admission(*values, reservation=None if receipt is None else decode_receipt(receipt))
+
+
+def encode_settlement(coordinate: str, r: BranchReturn) -> list:
+    """One settled branch return as a row."""
+    return [coordinate, [r.saved_ms, r.setup_ms, r.fill_cost_ms, r.wait_ms]]
+
+
+def decode_settlement(row: list) -> tuple[str, BranchReturn]:
+    """The inverse of :func:`encode_settlement`."""
+    coordinate, values = row
+    return coordinate, BranchReturn(*values)
+
+
+def encode_reply(kind: str, reply: Any) -> Any:
+    """A remembered call reply as a row (``generation`` and ``admit`` carry one)."""
+    if kind == "generation":
+        return [reply.open, reply.estimate, reply.audit]
+    if kind == "admit":
+        return [encode_admission(a) for a in reply]
+    return None
+
+
+def decode_reply(kind: str, row: Any) -> Any:
+    """The inverse of :func:`encode_reply` (an abandoned id's reply is no admission)."""
+    if kind == "generation":
+        return GenerationDecision(*row)
+    if kind == "admit":
+        return [decode_admission(a) for a in row]
+    return [] if kind == "abandoned" else None
+
+
+def _plain(value: Any) -> Any:
+    """JSON's fallback: numpy scalars (a virtual clock's ``now``) as Python numbers."""
+    item = getattr(value, "item", None)
+    if item is None:
+        raise TypeError(f"not JSON-able: {type(value).__name__}")
+    return item()
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON bytes of a row or a snapshot."""
+    return json.dumps(value, separators=(",", ":"), default=_plain).encode()

@@ -1,0 +1,78 @@
+"""The gate actor's checkpoint: a snapshot and the journal of calls since it.
+
+A :class:`GateCheckpoint` is a directory holding
+
+* ``snapshot.json`` — :meth:`Gate.state` (plus the actor's recent call replies) and the
+  journal position it covers, replaced atomically (:meth:`GateCheckpoint.save`);
+* ``journal.jsonl`` — every mutating call since that snapshot, one compact JSON row each
+  (:mod:`~dynbranch.cluster.gate.codec`), appended by :meth:`GateCheckpoint.append`.
+
+The actor decides *when* to append and snapshot (:mod:`~dynbranch.cluster.gate.actor`);
+the deployment decides *where* the directory is (:mod:`~dynbranch.cluster.gate.deployment`).
+NOTE: writes are not fsync'ed: the directory is on the actor's own node, and what must
+survive is a crash of the actor's process, whose writes are already in the page cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from dynbranch.cluster.gate.codec import dumps
+
+FORMAT = 1
+"""The snapshot format this code writes and the only one it reads."""
+
+
+class GateCheckpoint:
+    """A gate's snapshot and the journal of calls since it, in one directory."""
+
+    SNAPSHOT = "snapshot.json"
+    JOURNAL = "journal.jsonl"
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._snapshot = self.directory / self.SNAPSHOT
+        self._journal = self.directory / self.JOURNAL
+        self._fd: int | None = None
+
+    def load(self) -> tuple[dict[str, Any] | None, list[list]]:
+        """The snapshot (None if there is none) and the journal entries written after it.
+
+        NOTE: only the last line can be torn (the process died inside its write); it is cut
+        off, so the next incarnation appends after the last whole entry. That entry's call
+        was never answered, so dropping it loses nothing a caller was told.
+        """
+        snapshot = json.loads(self._snapshot.read_bytes()) if self._snapshot.exists() else None
+        covered = snapshot["seq"] if snapshot is not None else 0
+        data = self._journal.read_bytes() if self._journal.exists() else b""
+        whole = data[: data.rfind(b"\n") + 1]
+        if len(whole) < len(data):
+            os.truncate(self._journal, len(whole))
+        entries = [json.loads(line) for line in whole.splitlines()]
+        return snapshot, [e for e in entries if e[0] > covered]
+
+    def append(self, entry: list) -> None:
+        """Add one entry to the journal (one ``write``: a dying process leaves it whole or torn)."""
+        if self._fd is None:
+            self._fd = os.open(self._journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self._fd, dumps(entry) + b"\n")
+
+    def save(self, snapshot: dict[str, Any]) -> int:
+        """Replace the snapshot atomically, then empty the journal; returns its size in bytes.
+
+        NOTE: a crash between the two leaves entries the snapshot already covers; ``load``
+        skips them by sequence number, so none is applied twice.
+        """
+        data = dumps(snapshot)
+        tmp = self._snapshot.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self._snapshot)
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+        elif self._journal.exists():
+            os.truncate(self._journal, 0)
+        return len(data)
