@@ -39,6 +39,8 @@ from dynbranch.gate import (  # noqa: E402
     GateConfig,
     LoadBudget,
     LoadView,
+    Observation,
+    Settlement,
 )
 from dynbranch.gate.client import GateClient, LocalGateClient  # noqa: E402
 
@@ -64,8 +66,9 @@ async def warm(client: GateClient) -> None:
     for batch in range(20):
         obs, settled = [], []
         for i in range(100 * batch, 100 * (batch + 1)):
-            obs += [(f"stage{r}", r, r == i % 3 == 0, True) for r in range(4)]
-            settled.append((f"coord{i % 16}", BranchReturn(saved_ms=400.0, setup_ms=30.0)))
+            obs += [Observation(f"stage{r}", r, r == i % 3 == 0, True) for r in range(4)]
+            settled.append(Settlement(f"coord{i % 16}", BranchReturn(saved_ms=400.0,
+                                                                     setup_ms=30.0)))
         await client.learn(obs, settled)
 
 

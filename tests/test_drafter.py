@@ -340,7 +340,7 @@ def test_the_priced_gate_charges_drafting_time_to_action_0():
     spec = orch.branch_hook
     assert spec.drafting["failed"] == 0 and spec.drafting["drafts"] >= 1
     assert orch.mechanism_stats["speculation"]["fills"]["issued"] >= 1  # loads priced fine
-    setups = [ret.setup_ms for _coord, ret in orch.settlements]
+    setups = [s.ret.setup_ms for s in orch.settlements]
     assert len(setups) == spec.counts["generated"] and all(s > 4.0 for s in setups)
     assert sum(setups) == pytest.approx(1e3 * spec.drafting["drafting_s"])
 

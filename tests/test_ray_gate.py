@@ -26,6 +26,8 @@ from dynbranch.gate import (
     GateConfig,
     LoadBudget,
     LoadView,
+    Observation,
+    Settlement,
 )
 from dynbranch.gate.client import GateClient, LocalGateClient
 
@@ -87,11 +89,11 @@ async def drive(gate: GateClient, rounds: int = 40, seed: int = 7) -> list:
         answers.append(admissions)
         held += [a.reservation for a in admissions if a.admitted]
         chosen = rng.randrange(4)
-        obs = [(c.stage_key, c.rank, c.rank == chosen,
-                (rng.random() < 0.8) if c.rank == chosen and admissions[c.rank].admitted
-                else None) for c in cands]
-        await gate.learn(obs, [(coord, BranchReturn(saved_ms=300.0 * rng.random(),
-                                                    fill_cost_ms=150.0 * rng.random()))])
+        obs = [Observation(c.stage_key, c.rank, c.rank == chosen,
+                           (rng.random() < 0.8) if c.rank == chosen and admissions[c.rank].admitted
+                           else None) for c in cands]
+        await gate.learn(obs, [Settlement(coord, BranchReturn(saved_ms=300.0 * rng.random(),
+                                                              fill_cost_ms=150.0 * rng.random()))])
         if i % 3 == 2:
             answers.append(await gate.release(held))
             held = []
@@ -263,9 +265,10 @@ def test_a_killed_gate_comes_back_with_what_it_learned_and_degrades_meanwhile(lo
     async def before_kill():
         assert (await client.generation("cold", 0.0)).open  # nothing learned: open
         for i in range(4):  # the cold coordinate's fills never pay; the warm one's do
-            await client.learn([(c.stage_key, c.rank, c.rank == 0, True) for c in cands],
-                               [("cold", BranchReturn(saved_ms=0.0, fill_cost_ms=400.0)),
-                                ("warm", BranchReturn(saved_ms=500.0))])
+            await client.learn([Observation(c.stage_key, c.rank, c.rank == 0, True)
+                                for c in cands],
+                               [Settlement("cold", BranchReturn(saved_ms=0.0, fill_cost_ms=400.0)),
+                                Settlement("warm", BranchReturn(saved_ms=500.0))])
             await client.generation("cold", 0.1 * i)
         held = [a.reservation for a in await client.admit("warm", cands, LoadView(), 1.0)
                 if a.admitted]

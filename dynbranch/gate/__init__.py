@@ -40,7 +40,7 @@ from dynbranch.gate.load import LoadBudget, LoadEnvelope, LoadView
 from dynbranch.gate.policy import BELOW_THRESHOLD, NEGATIVE_UTILITY, POLICIES
 from dynbranch.gate.price import ContentionModel, FillShape
 from dynbranch.gate.reservations import KvLedger, Reservation, ReservationError
-from dynbranch.gate.returns import BranchReturn, GenerationDecision
+from dynbranch.gate.returns import BranchReturn, GenerationDecision, Observation, Settlement
 
 __all__ = [
     "ADMITTED",
@@ -64,8 +64,10 @@ __all__ = [
     "LoadBudget",
     "LoadEnvelope",
     "LoadView",
+    "Observation",
     "Reservation",
     "ReservationError",
+    "Settlement",
     "bayes_ucb_level",
     "beta_quantile",
     "betainc",

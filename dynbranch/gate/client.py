@@ -13,7 +13,7 @@ from typing import Any
 
 from dynbranch.gate.gate import Admission, Candidate, Gate
 from dynbranch.gate.load import LoadView
-from dynbranch.gate.returns import BranchReturn, GenerationDecision
+from dynbranch.gate.returns import GenerationDecision, Observation, Settlement
 
 
 class GateClient(ABC):
@@ -33,8 +33,8 @@ class GateClient(ABC):
         """Release receipts; returns how many were still held."""
 
     @abstractmethod
-    async def learn(self, observations: Sequence[tuple[str, int, bool, bool | None]],
-                    settlements: Sequence[tuple[str, BranchReturn]]) -> None:
+    async def learn(self, observations: Sequence[Observation],
+                    settlements: Sequence[Settlement]) -> None:
         """Rank/usability observations and one return per settled branch entry, in one call."""
 
     @abstractmethod
@@ -61,18 +61,18 @@ class LocalGateClient(GateClient):
     async def release(self, reservations: Sequence[Any]) -> int:
         return sum(self.gate.release(r) for r in reservations)
 
-    async def learn(self, observations: Sequence[tuple[str, int, bool, bool | None]],
-                    settlements: Sequence[tuple[str, BranchReturn]]) -> None:
+    async def learn(self, observations: Sequence[Observation],
+                    settlements: Sequence[Settlement]) -> None:
         apply_learning(self.gate, observations, settlements)
 
     async def stats(self) -> dict[str, Any]:
         return {"reserved_blocks": self.gate.reserved_blocks, **self.gate.counters}
 
 
-def apply_learning(gate: Gate, observations: Sequence[tuple[str, int, bool, bool | None]],
-                   settlements: Sequence[tuple[str, BranchReturn]]) -> None:
+def apply_learning(gate: Gate, observations: Sequence[Observation],
+                   settlements: Sequence[Settlement]) -> None:
     """Feed a batch of observations and settlements to ``gate`` (shared by every client)."""
-    for stage_key, rank, selected, usable in observations:
-        gate.observe(stage_key, rank, selected=selected, usable=usable)
-    for coordinate, ret in settlements:
-        gate.settle(coordinate, ret)
+    for o in observations:
+        gate.observe(o.stage_key, o.rank, selected=o.selected, usable=o.usable)
+    for s in settlements:
+        gate.settle(s.coordinate, s.ret)

@@ -36,6 +36,8 @@ from dynbranch.gate import (
     LoadBudget,
     LoadEnvelope,
     LoadView,
+    Observation,
+    Settlement,
 )
 from dynbranch.gate.client import GateClient, LocalGateClient
 from dynbranch.runtime.run import RunContext
@@ -169,21 +171,21 @@ class PricedPolicy(FillPolicy):
         receipts = [f.reservation for f in fills if f.reservation is not None]
         if receipts:
             await self.gate.release(receipts)
-        observations: list[tuple[str, int, bool, bool | None]] = []
-        settlements: list[tuple[str, BranchReturn]] = []
+        observations: list[Observation] = []
+        settlements: list[Settlement] = []
         for entry in self._entries.pop(request_id, []):
             settlements.append(self._settle(entry, observations))
         if observations or settlements:
             await self.gate.learn(observations, settlements)
 
-    def _settle(self, entry: _Entry, observations: list) -> tuple[str, BranchReturn]:
+    def _settle(self, entry: _Entry, observations: list[Observation]) -> Settlement:
         fills = {f.candidate: f for f in entry.session.fills}
         saved = cost = 0.0
         for rank, name in enumerate(entry.ranked):
             fill = fills.get(name)
             selected = name in entry.chosen
             usable = fill.consumed if (fill is not None and selected) else None
-            observations.append((entry.stage_key, rank, selected, usable))
+            observations.append(Observation(entry.stage_key, rank, selected, usable))
             if fill is not None and fill.ended_at is not None and fill.state == "done":
                 self._exec.setdefault(entry.stage_key, _Ewma()).add(
                     fill.ended_at - fill.started_at)
@@ -197,9 +199,9 @@ class PricedPolicy(FillPolicy):
                 cost += admission.price_ms
                 if fill is not None and fill.consumed:
                     saved += admission.gain_ms
-        return (str(entry.session.point.coordinate),
-                BranchReturn(saved_ms=saved, setup_ms=1e3 * entry.session.setup_s,
-                             fill_cost_ms=cost))
+        return Settlement(str(entry.session.point.coordinate),
+                          BranchReturn(saved_ms=saved, setup_ms=1e3 * entry.session.setup_s,
+                                       fill_cost_ms=cost))
 
     # -- load -----------------------------------------------------------------------------
 

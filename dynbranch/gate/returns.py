@@ -41,6 +41,26 @@ class BranchReturn:
 
 
 @dataclass(frozen=True)
+class Observation:
+    """What one ranked candidate of a settled branch entry turned out to be: whether the
+    branch chose it (the rank posterior) and, if chosen and filled, whether its fill was
+    used in time (the usability posterior; ``None`` when it says nothing about usability)."""
+
+    stage_key: str
+    rank: int
+    selected: bool
+    usable: bool | None = None
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """One settled branch entry's return, for Action 0 at its coordinate."""
+
+    coordinate: str
+    ret: BranchReturn
+
+
+@dataclass(frozen=True)
 class GenerationDecision:
     """Action 0's answer for one branch entry: run the predictor or not."""
 

@@ -24,7 +24,6 @@ from dynbranch.cluster.gate.client import (
     RayGateClient,
     RetryPolicy,
 )
-from dynbranch.cluster.gate.codec import Observation
 from dynbranch.cluster.gate.deployment import GateDeployment
 from dynbranch.cluster.gate.journal import FORMAT, GateCheckpoint
 
@@ -37,7 +36,6 @@ __all__ = [
     "GateActor",
     "GateCheckpoint",
     "GateDeployment",
-    "Observation",
     "RayGateClient",
     "RetryPolicy",
 ]

@@ -31,12 +31,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from dynbranch.cluster.gate.codec import (
-    Observation,
     decode_candidate,
+    decode_observation,
     decode_receipt,
     decode_reply,
     decode_settlement,
     encode_candidate,
+    encode_observation,
     encode_receipt,
     encode_reply,
     encode_settlement,
@@ -45,14 +46,15 @@ from dynbranch.cluster.gate.journal import FORMAT, GateCheckpoint
 from dynbranch.errors import ConfigError, DynBranchError
 from dynbranch.gate import (
     Admission,
-    BranchReturn,
     Candidate,
     ContentionModel,
     Gate,
     GateConfig,
     GenerationDecision,
     LoadView,
+    Observation,
     Reservation,
+    Settlement,
 )
 from dynbranch.gate.client import apply_learning
 
@@ -115,11 +117,11 @@ class GateActor:
         self,
         call_id: str,
         observations: Sequence[Observation],
-        settlements: Sequence[tuple[str, BranchReturn]],
+        settlements: Sequence[Settlement],
     ) -> None:
         """Posterior observations and settled branch returns, applied as one call."""
-        settled = [encode_settlement(c, r) for c, r in settlements]
-        self._run("learn", call_id, [[list(o) for o in observations], settled])
+        self._run("learn", call_id, [[encode_observation(o) for o in observations],
+                                     [encode_settlement(s) for s in settlements]])
 
     async def abandon(self, call_ids: Sequence[str]) -> int:
         """Admits whose replies a client gave up on: release what they reserved, and make
@@ -193,7 +195,7 @@ class GateActor:
     def _apply_learn(self, observations: list, settlements: list) -> None:
         apply_learning(
             self.gate,
-            [tuple(o) for o in observations],
+            [decode_observation(row) for row in observations],
             [decode_settlement(row) for row in settlements],
         )
 

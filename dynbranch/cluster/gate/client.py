@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dynbranch.cluster.gate.codec import Observation
 from dynbranch.gate import (
     Admission,
-    BranchReturn,
     Candidate,
     GenerationDecision,
     LoadView,
+    Observation,
+    Settlement,
 )
 from dynbranch.gate.client import GateClient
 
@@ -123,7 +123,7 @@ class RayGateClient(GateClient):
         return await self._flush()
 
     async def learn(
-        self, observations: Sequence[Observation], settlements: Sequence[tuple[str, BranchReturn]]
+        self, observations: Sequence[Observation], settlements: Sequence[Settlement]
     ) -> None:
         """Queue one learning call (with a fresh call id) and send the queue if the gate is up."""
         self._pending.append(("learn", (next(self._ids), list(observations), list(settlements))))

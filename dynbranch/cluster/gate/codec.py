@@ -16,11 +16,20 @@ from dynbranch.gate import (
     Candidate,
     FillShape,
     GenerationDecision,
+    Observation,
     Reservation,
+    Settlement,
 )
 
-Observation = tuple[str, int, bool, bool | None]
-"""One learning observation: (stage key, rank, selected, usable)."""
+
+def encode_observation(o: Observation) -> list:
+    """A learning observation as a row."""
+    return [o.stage_key, o.rank, o.selected, o.usable]
+
+
+def decode_observation(row: list) -> Observation:
+    """The inverse of :func:`encode_observation`."""
+    return Observation(*row)
 
 
 def encode_candidate(c: Candidate) -> list:
@@ -76,15 +85,16 @@ def decode_admission(row: list) -> Admission:
     return Admission(*values, reservation=None if receipt is None else decode_receipt(receipt))
 
 
-def encode_settlement(coordinate: str, r: BranchReturn) -> list:
+def encode_settlement(s: Settlement) -> list:
     """One settled branch return as a row."""
-    return [coordinate, [r.saved_ms, r.setup_ms, r.fill_cost_ms, r.wait_ms]]
+    r = s.ret
+    return [s.coordinate, [r.saved_ms, r.setup_ms, r.fill_cost_ms, r.wait_ms]]
 
 
-def decode_settlement(row: list) -> tuple[str, BranchReturn]:
+def decode_settlement(row: list) -> Settlement:
     """The inverse of :func:`encode_settlement`."""
     coordinate, values = row
-    return coordinate, BranchReturn(*values)
+    return Settlement(coordinate, BranchReturn(*values))
 
 
 def encode_reply(kind: str, reply: Any) -> Any:
