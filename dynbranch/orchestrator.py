@@ -208,14 +208,17 @@ class RequestContext:
     # -- C1 -------------------------------------------------------------------------------
 
     async def _lookup(self, call: StageCall) -> StageLookup:
-        """C1's answer for ``call``; a stage served a fill's result credits that fill."""
+        """C1's answer for ``call``. A stage served a fill's result credits that fill; one
+        that waited on a fill's execution and was not served charges the fill its wait."""
         clock = self._o.clock
         asked = clock.now()
         lookup = await self._o.reuse.lookup(call)
-        served = lookup.served
+        served, waited = lookup.served, clock.now() - asked
         if served is not None and served.served_from in ("shadow", "join"):
             self._o.fills.consumed(self.request_id, served.reuse_name, served.served_from,
-                                   clock.now() - asked)
+                                   waited)
+        elif lookup.joined and served is None:
+            self._o.fills.consumed(self.request_id, lookup.reuse_name, "expired", waited)
         return lookup
 
     async def _record(self, lookup: StageLookup, outcome: StageOutcome) -> None:

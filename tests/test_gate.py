@@ -248,11 +248,14 @@ def test_price_is_zero_without_canonical_load_and_grows_with_it():
     assert kv == sorted(kv) and kv[-1] > kv[0]
 
 
-def test_a_busy_engine_multiplies_the_price_by_the_queueing_factor():
+def test_the_queueing_switch_multiplies_the_price_of_a_busy_engine():
     idle = MODEL.price_ms(SHAPE, LoadView(rho=0.1))
-    assert MODEL.price_ms(SHAPE, LoadView(rho=0.1, busy=0.5)) == pytest.approx(2 * idle)
-    assert MODEL.price_ms(SHAPE, LoadView(rho=0.1, busy=0.9)) == pytest.approx(10 * idle)
-    assert MODEL.price_ms(SHAPE, LoadView(rho=0.1, busy=1.0)) == pytest.approx(20 * idle)
+    assert MODEL.price_ms(SHAPE, LoadView(rho=0.1, busy=0.9)) == pytest.approx(idle)  # design
+    queued = replace(MODEL, queueing=True)
+    assert queued.price_ms(SHAPE, LoadView(rho=0.1)) == pytest.approx(idle)
+    assert queued.price_ms(SHAPE, LoadView(rho=0.1, busy=0.5)) == pytest.approx(2 * idle)
+    assert queued.price_ms(SHAPE, LoadView(rho=0.1, busy=0.9)) == pytest.approx(10 * idle)
+    assert queued.price_ms(SHAPE, LoadView(rho=0.1, busy=1.0)) == pytest.approx(20 * idle)
     snaps = [LoadSnapshot("a", 0.0, 2, 0, 10, 100, busy=0.2),
              LoadSnapshot("b", 0.0, 2, 0, 10, 100, busy=0.6)]
     budget = LoadBudget(fill_slots=4, spec_kv_blocks=40, max_num_seqs=8, engines=2)

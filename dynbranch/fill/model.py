@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,15 +40,21 @@ class DepthBudget(FillBudget):
         return None
 
 
+FillEnded = Callable[["Fill"], Awaitable[None]]
+"""What a policy does when one of its fills ends (release its reservation, learn its load)."""
+
+
 @dataclass(frozen=True)
 class FillChoice:
-    """A candidate a policy admitted: its rank, the gate's reservation receipt (released
-    when the request ends) and the budgets that bound it beyond the run's depth."""
+    """A candidate a policy admitted: its rank, the gate's reservation receipt, the budgets
+    that bound it beyond the run's depth, and ``on_end``, which the runner awaits once when
+    the fill ends — done, stopped, failed or cancelled — so its receipt never outlives it."""
 
     candidate: str
     rank: int
     reservation: Any = None
     budgets: tuple[FillBudget, ...] = ()
+    on_end: FillEnded | None = None
 
 
 @dataclass
@@ -69,13 +75,19 @@ class FillStage:
 @dataclass(frozen=True)
 class Consumption:
     """A canonical stage of ``request_id`` served a fill's result (``how``: shadow | join)
-    at ``at``, after waiting ``waited_s`` in its lookup."""
+    at ``at``, after waiting ``waited_s`` in its lookup — or, with ``how == "expired"``,
+    waited ``waited_s`` on the fill's execution and was not served (the fill failed or was
+    cancelled first)."""
 
     reuse_name: str
     request_id: str
     how: str
     at: float
     waited_s: float
+
+    @property
+    def served(self) -> bool:
+        return self.how in ("shadow", "join")
 
 
 @dataclass
@@ -90,6 +102,7 @@ class Fill:
     started_at: float
     budgets: tuple[FillBudget, ...] = ()
     reservation: Any = None  # the gate's KV reservation receipt, released when it ends
+    on_end: FillEnded | None = None
     task: asyncio.Task | None = None
     trace: list[FillStage] = field(default_factory=list)
     consumptions: list[Consumption] = field(default_factory=list)
@@ -104,7 +117,20 @@ class Fill:
     @property
     def consumed(self) -> bool:
         """Whether a canonical stage was served this fill's result."""
-        return bool(self.consumptions)
+        return any(c.served for c in self.consumptions)
+
+    @property
+    def saved_s(self) -> float:
+        """The execution canonical stages were spared: each executed stage a canonical stage
+        was served, its execution time (``G^Δ`` after C1: stages the store already held
+        executed nothing and save nothing here)."""
+        served = {c.reuse_name for c in self.consumptions if c.served}
+        return sum(s.duration_s for s in self.trace if s.claimed in served and s.done)
+
+    @property
+    def waited_s(self) -> float:
+        """Time canonical stages spent waiting on this fill, served or not (``W``)."""
+        return sum(c.waited_s for c in self.consumptions)
 
     @property
     def names(self) -> list[str]:
@@ -119,6 +145,6 @@ class Fill:
     def waited_for(self, reuse_name: str) -> float | None:
         """How long the first canonical stage served ``reuse_name`` waited for it."""
         for c in self.consumptions:
-            if c.reuse_name == reuse_name:
+            if c.reuse_name == reuse_name and c.served:
                 return c.waited_s
         return None

@@ -10,7 +10,8 @@ counts issued / consumed / discarded. Which candidates to fill is policy
 (:mod:`dynbranch.fill.speculator`), not decided here.
 
 Ownership: a session owns its fills; the runner indexes sessions by request and fills by
-the reuse names they executed under (to credit consumption).
+the reuse names they executed under, so a canonical stage of *any* request that is served a
+fill's shadow (or waits on it) credits that fill.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class FillRunner:
         self.executor, self.reuse = executor, reuse
         self.depth = DepthBudget(depth)
         self._sessions: dict[str, list[BranchSession]] = {}
-        self._by_name: dict[tuple[str, str], Fill] = {}
+        self._by_name: dict[str, Fill] = {}
         self._seq = 0
         self.counts = {"issued": 0, "consumed": 0, "discarded": 0, "cancelled": 0,
                        "stopped": 0, "failed": 0}
@@ -99,7 +100,8 @@ class FillRunner:
         self._seq += 1
         fill = Fill(f"fill{self._seq}", state.request_id, str(session.point.coordinate),
                     choice.candidate, choice.rank, self.executor.rel(),
-                    budgets=(self.depth, *choice.budgets), reservation=choice.reservation)
+                    budgets=(self.depth, *choice.budgets), reservation=choice.reservation,
+                    on_end=choice.on_end)
         fill.task = asyncio.create_task(self._run(fill, state, session.point),
                                         name=f"{state.request_id}/{fill.fill_id}")
         self.counts["issued"] += 1
@@ -118,20 +120,33 @@ class FillRunner:
         except Exception as e:  # a fill's failure is a miss, never the request's failure
             fill.state, fill.error = "failed", f"{type(e).__name__}: {e}"
         finally:
-            fill.ended_at = self.executor.rel()
-            if fill.state in ("stopped", "failed", "cancelled"):
-                self.counts[fill.state] += 1
+            await self._ended(fill)
+
+    async def _ended(self, fill: Fill) -> None:
+        """Account a fill's end once, however it ended (its task may never have run)."""
+        if fill.ended_at is not None:
+            return
+        if fill.state == "running":
+            fill.state = "cancelled"  # cancelled before its task took its first step
+        fill.ended_at = self.executor.rel()
+        if fill.state in ("stopped", "failed", "cancelled"):
+            self.counts[fill.state] += 1
+        if fill.on_end is not None:
+            # NOTE: shielded: a cancelled fill must still hand its receipt back.
+            await asyncio.shield(fill.on_end(fill))
 
     def _claimed(self, fill: Fill, name: str) -> None:
-        self._by_name[(fill.request_id, name)] = fill
+        self._by_name[name] = fill
 
     def consumed(self, request_id: str, name: str, how: str, waited_s: float) -> None:
-        """A canonical stage of ``request_id`` was served ``name`` from a shadow or a join:
-        credit the fill that executed it, if one of the request's fills did."""
-        fill = self._by_name.get((request_id, name))
+        """A canonical stage of ``request_id`` was served ``name`` (``how``: ``shadow`` or
+        ``join``), or waited ``waited_s`` on its execution and was not served (``expired``):
+        credit the fill that executed it, of whichever request."""
+        fill = self._by_name.get(name)
         if fill is None:
             return
-        if not fill.consumed:
+        served = how in ("shadow", "join")
+        if served and not fill.consumed:
             self.counts["consumed"] += 1
         fill.consumptions.append(Consumption(name, request_id, how, self.executor.rel(),
                                              waited_s))
@@ -141,6 +156,7 @@ class FillRunner:
         if fill.task is not None and not fill.task.done():
             fill.task.cancel()
             await asyncio.gather(fill.task, return_exceptions=True)
+        await self._ended(fill)
         if not fill.consumed:
             for name in fill.names:
                 await self.reuse.drop_shadow(name)
@@ -154,7 +170,8 @@ class FillRunner:
             if not fill.consumed:
                 self.counts["discarded"] += 1
             for name in fill.names:
-                self._by_name.pop((request_id, name), None)
+                if self._by_name.get(name) is fill:
+                    del self._by_name[name]
         return fills
 
     @property

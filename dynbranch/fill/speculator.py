@@ -115,6 +115,9 @@ class Speculator(BranchHook):
         self.counts["candidates"] += len(ranked)
         for choice in await self.policy.choose(session, ranked):
             session.start(choice)
+        # NOTE: T_setup is what the entry spent on the run's clock before its fills could
+        # start: prediction, drafting and admission (a gate round trip on Ray).
+        session.setup_s = session.now() - session.opened_at
 
     async def _draft_and_fill(self, session: BranchSession, ctx: BranchContext,
                               k: int) -> None:

@@ -113,6 +113,7 @@ class GateConfig:
     sel_prior: tuple[float, float] = (1.0, 1.0)  # Beta prior of pi_sel (per stage, rank)
     use_prior: tuple[float, float] = (1.0, 1.0)  # Beta prior of pi_use (per stage)
     return_scale_ms: float = 100.0  # prior spread of a branch return (Action 0's bonus)
+    idle_audits: bool = False  # scale Action 1's audit rate by the engines' idle share
     name: str = "gate"  # names the ledger that signs receipts
 
     def __post_init__(self) -> None:
@@ -297,14 +298,14 @@ class Gate:
     ) -> None:
         """Seeded audits: admit a policy-refused candidate now and then, if it still fits.
 
-        The audit rate is scaled by the engines' idle share ``1 - busy``: an audit is an
-        exploration fill the price refused, cheap on idle engines and pure queueing on
-        saturated ones, where the gate has nothing to learn that it can act on.
+        With ``idle_audits`` (a departure from DESIGN §3, off by default) the rate is scaled
+        by the engines' idle share ``1 - busy``: an audit is an exploration fill the price
+        refused, cheap on idle engines and pure queueing on saturated ones.
 
         NOTE: one draw per refused candidate, in input order, whether or not it then fits:
         the RNG stream depends only on the decisions, so runs replay exactly.
         """
-        rate = self.config.audit_rate * (1.0 - view.busy)
+        rate = self.config.audit_rate * ((1.0 - view.busy) if self.config.idle_audits else 1.0)
         for c in candidates:
             if decided[c.name].reason != self._policy.refusal:
                 continue

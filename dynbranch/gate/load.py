@@ -197,6 +197,14 @@ class LoadEnvelope:
         self._parts = tuple(_WindowMax(window_s) for _ in range(4))
         self._last: float | None = None
 
+    def set_window(self, window_s: float) -> None:
+        """Set ``H`` (e.g. to the measured co-residency window); applies from now on."""
+        if not (math.isfinite(window_s) and window_s >= 0.0):
+            raise ValueError(f"envelope window must be finite and >= 0 s, got {window_s!r}")
+        self.window_s = window_s
+        for part in self._parts:
+            part.window_s = window_s
+
     def observe(self, view: LoadView, now: float) -> None:
         """Record the view measured at ``now`` (time must not go backwards)."""
         self._advance(now)

@@ -12,8 +12,9 @@ with ``n`` canonical sequences
   hides under the step's weight-read time.
 
 Every canonical sequence sharing those steps waits that much longer, so the price is
-``n · (decode_steps · Δdecode + Δprefill) · scale · q(busy)`` with ``n = rho · max_num_seqs``
-and ``q`` the queueing factor of a busy engine (:func:`queueing_factor`).
+``n · (decode_steps · Δdecode + Δprefill) · scale`` with ``n = rho · max_num_seqs``, as
+DESIGN §3 specifies; ``queueing=True`` multiplies it by the queueing factor of a busy
+engine (:func:`queueing_factor`), a departure from the design kept only as a switch.
 ``scale`` is the one factor :func:`dynbranch.calibrate.calibrate_price` fits against the
 running sim engine.
 
@@ -105,6 +106,7 @@ class ContentionModel:
     budget: LoadBudget
     canonical_context: int = DEFAULT_CANONICAL_CONTEXT
     scale: float = 1.0
+    queueing: bool = False  # NOTE: off by default: DESIGN §3's price has no such factor
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.scale) and self.scale > 0.0):
@@ -120,6 +122,7 @@ class ContentionModel:
         *,
         canonical_context: int = DEFAULT_CANONICAL_CONTEXT,
         scale: float = 1.0,
+        queueing: bool = False,
     ) -> ContentionModel:
         """The model of ``profile``'s step costs, priced against ``budget``."""
         cal = profile.calibration
@@ -136,6 +139,7 @@ class ContentionModel:
             budget=budget or LoadBudget.from_profile(profile),
             canonical_context=canonical_context,
             scale=scale,
+            queueing=queueing,
         )
 
     def with_scale(self, scale: float) -> ContentionModel:
@@ -211,8 +215,8 @@ class ContentionModel:
         over requests, the quantity mean latency is made of. Zero when no canonical work
         is (or, through the envelope, recently was) present.
         """
-        return (self.canonical_sequences(view) * self.delay_per_canonical_ms(fill, view)
-                * queueing_factor(view.busy))
+        price = self.canonical_sequences(view) * self.delay_per_canonical_ms(fill, view)
+        return price * queueing_factor(view.busy) if self.queueing else price
 
     # -- serialisation -------------------------------------------------------------------------
 

@@ -3,18 +3,27 @@
 :class:`PricedPolicy` is the :class:`~dynbranch.fill.speculator.FillPolicy` of the ``c2`` and
 ``full`` arms. Per branch entry it asks the gate's Action 0 whether to predict at all, turns
 the predictor's ranking into priced :class:`~dynbranch.gate.Candidate` s (expected saving
-``Ĝ`` in ms, fill shape, KV blocks), and starts the fills Action 1 admits with their atomic
-KV reservations. It learns what the gate needs online, from what the run measures:
+``Ĝ`` in ms, fill shape, KV blocks) — every candidate the predictor ranked, none cut — and
+starts the fills Action 1 admits with their atomic KV reservations. It learns what the gate
+needs online, from what the run measures:
 
 * ``Ĝ`` = min(branch resolution time, fill execution time) per decision stage (eq. 2), as
   exponentially weighted means of observed branch windows and completed fills;
 * fill shapes from the token counts of past speculative stages;
 * the load envelope (eq. 3) from every engine's load snapshot, read at each branch and by a
-  periodic probe that keeps it current while gates are closed.
+  periodic probe that keeps it current while gates are closed; its window ``H`` is the
+  measured co-residency window, the mean lifetime of the fills that ran to the end.
 
-At the end of each request it reports, per branch entry, whether each ranked candidate was
-selected and whether its fill was used in time (the rank and usability posteriors), settles
-one aggregate return per entry (Action 0), and releases every reservation.
+When a fill ends (done, stopped, failed or cancelled) its reservation is released at once
+and the load it ran under is kept. When its request ends, each branch entry reports, per
+ranked candidate, whether it was selected and whether its fill was used in time (the rank
+and usability posteriors), and settles one aggregate return (Action 0, DESIGN §3 eq. 4):
+
+``R_b = Σ Ĝ^Δ − T_setup − K̂_b − Ŵ_b``, with ``Ĝ^Δ`` the execution each consumed fill
+spared canonical stages (of any request) after C1, ``T_setup`` the run-clock time from the
+branch's opening to its fills' start (prediction, drafting and admission), ``K̂_b`` the
+contention price of the work the entry's fills really did (their tokens) at the load they
+ran under, and ``Ŵ_b`` the time canonical stages waited on those fills, served or not.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from typing import Any
 from dynbranch.engines.profile import load_profile
 from dynbranch.fill import BranchSession, Fill, FillChoice, FillPolicy
 from dynbranch.gate import (
+    Admission,
     BranchReturn,
     Candidate,
     ContentionModel,
@@ -47,8 +57,8 @@ PROBE_S = 0.05
 PRIOR_GAIN_MS = 500.0
 """Optimistic saving assumed for a decision stage before anything was measured there."""
 PRIOR_SHAPE = FillShape(prompt_tokens=512, output_tokens=64)
-PRICED_RANKS = 2
-"""Candidates priced per branch entry, as a multiple of the fanout."""
+PRIOR_WINDOW_S = 2.0
+"""``H`` before any fill has run to its end (then the measured co-residency window)."""
 
 
 class _Ewma:
@@ -66,7 +76,7 @@ class _Entry:
     session: BranchSession
     stage_key: str
     ranked: list[str] = field(default_factory=list)
-    admitted: dict[str, Any] = field(default_factory=dict)  # candidate -> Admission
+    admitted: dict[str, Admission] = field(default_factory=dict)
     chosen: tuple[str, ...] = ()
     resolved_after_s: float | None = None
 
@@ -77,13 +87,15 @@ class PricedPolicy(FillPolicy):
     name = "priced"
 
     def __init__(self, run: RunContext, gate: GateClient, budget: LoadBudget,
-                 window_s: float = 2.0) -> None:
-        self.run, self.gate, self.budget = run, gate, budget
+                 model: ContentionModel, window_s: float = PRIOR_WINDOW_S) -> None:
+        self.run, self.gate, self.budget, self.model = run, gate, budget, model
         self.name = gate.policy
         self.envelope = LoadEnvelope(window_s)
         self._window: dict[str, _Ewma] = {}
         self._exec: dict[str, _Ewma] = {}
         self._tokens: dict[str, tuple[_Ewma, _Ewma]] = {}
+        self._lifetime = _Ewma()
+        self._ran_under: dict[str, LoadView] = {}  # fill id -> the load it ran under
         self._entries: dict[str, list[_Entry]] = {}
         self._probe: asyncio.Task | None = None
         self.counts = {"entries": 0, "opened": 0, "admitted": 0, "refused": 0, "audits": 0}
@@ -100,7 +112,7 @@ class PricedPolicy(FillPolicy):
                             fanout=run.fill.fanout, seed=options.seed)
         client = (run.make_gate(model, config) if run.make_gate
                   else LocalGateClient(Gate(model, config)))
-        return cls(run, client, budget)
+        return cls(run, client, budget, model)
 
     # -- Action 0 -------------------------------------------------------------------------
 
@@ -118,14 +130,11 @@ class PricedPolicy(FillPolicy):
 
     async def choose(self, session: BranchSession, ranked: Sequence[str]) -> list[FillChoice]:
         entry = self._entry(session)
-        # NOTE: only the predictor's head is priced: deeper ranks are rarely selected, and
-        # every priced candidate is one more chance for a seeded audit to admit it.
-        entry.ranked = list(ranked[: PRICED_RANKS * max(1, self.run.fill.fanout)])
-        ranked = entry.ranked
+        entry.ranked = list(ranked)
         await self._observe_load(session)
         now = session.now()
         candidates = [self._candidate(entry.stage_key, name, rank)
-                      for rank, name in enumerate(ranked)]
+                      for rank, name in enumerate(entry.ranked)]
         admissions = await self.gate.admit(str(session.point.coordinate), candidates,
                                            self.envelope.priced(now), now)
         choices = []
@@ -133,7 +142,8 @@ class PricedPolicy(FillPolicy):
             if a.admitted:
                 entry.admitted[a.candidate] = a
                 self.counts["audits" if a.audit else "admitted"] += 1
-                choices.append(FillChoice(a.candidate, a.rank, a.reservation))
+                choices.append(FillChoice(a.candidate, a.rank, a.reservation,
+                                          on_end=self._fill_ended))
             else:
                 self.counts["refused"] += 1
         return choices
@@ -156,6 +166,17 @@ class PricedPolicy(FillPolicy):
             return PRIOR_SHAPE
         return FillShape(max(1, int(prompt.value)), max(1, int(output.value)))
 
+    # -- a fill's end -----------------------------------------------------------------------
+
+    async def _fill_ended(self, fill: Fill) -> None:
+        """Release the fill's reservation now, and keep the load it ran under."""
+        self._ran_under[fill.fill_id] = self.envelope.priced(self.run.clock.now())
+        if fill.state == "done" and fill.ended_at is not None:
+            self._lifetime.add(fill.ended_at - fill.started_at)
+            self.envelope.set_window(self._lifetime.value)
+        if fill.reservation is not None:
+            await self.gate.release([fill.reservation])
+
     # -- learning -------------------------------------------------------------------------
 
     def settled(self, session: BranchSession, chosen: tuple[str, ...]) -> None:
@@ -166,42 +187,59 @@ class PricedPolicy(FillPolicy):
             entry.chosen, entry.resolved_after_s = chosen, elapsed
 
     async def request_done(self, request_id: str, fills: Sequence[Fill]) -> None:
-        """Release the request's reservations and teach the gate what each of its branch
-        entries turned out to be (one batched call)."""
-        receipts = [f.reservation for f in fills if f.reservation is not None]
-        if receipts:
-            await self.gate.release(receipts)
+        """Teach the gate what each of the request's branch entries turned out to be (one
+        batched call). Every fill has ended, so every reservation is already back."""
         observations: list[Observation] = []
         settlements: list[Settlement] = []
         for entry in self._entries.pop(request_id, []):
             settlements.append(self._settle(entry, observations))
+        for fill in fills:
+            self._ran_under.pop(fill.fill_id, None)
         if observations or settlements:
             await self.gate.learn(observations, settlements)
 
     def _settle(self, entry: _Entry, observations: list[Observation]) -> Settlement:
         fills = {f.candidate: f for f in entry.session.fills}
-        saved = cost = 0.0
         for rank, name in enumerate(entry.ranked):
             fill = fills.get(name)
             selected = name in entry.chosen
             usable = fill.consumed if (fill is not None and selected) else None
             observations.append(Observation(entry.stage_key, rank, selected, usable))
-            if fill is not None and fill.ended_at is not None and fill.state == "done":
-                self._exec.setdefault(entry.stage_key, _Ewma()).add(
-                    fill.ended_at - fill.started_at)
-            executed = [s for s in fill.trace if s.kind == "llm" and s.done] if fill else []
-            if executed:
-                prompt, output = self._tokens.setdefault(entry.stage_key, (_Ewma(), _Ewma()))
-                prompt.add(sum(s.prompt_tokens for s in executed))
-                output.add(sum(s.output_tokens for s in executed))
-            admission = entry.admitted.get(name)
-            if admission is not None:
-                cost += admission.price_ms
-                if fill is not None and fill.consumed:
-                    saved += admission.gain_ms
+        saved = waits = cost = 0.0
+        for fill in entry.session.fills:
+            self._learn_from(entry.stage_key, fill)
+            saved += 1e3 * fill.saved_s
+            waits += 1e3 * fill.waited_s
+            cost += self._cost_ms(entry, fill)
         return Settlement(str(entry.session.point.coordinate),
                           BranchReturn(saved_ms=saved, setup_ms=1e3 * entry.session.setup_s,
-                                       fill_cost_ms=cost))
+                                       fill_cost_ms=cost, wait_ms=waits))
+
+    def _learn_from(self, stage_key: str, fill: Fill) -> None:
+        if fill.state == "done" and fill.ended_at is not None:
+            self._exec.setdefault(stage_key, _Ewma()).add(fill.ended_at - fill.started_at)
+        generated = [s for s in fill.trace if s.kind == "llm" and s.done]
+        if generated:
+            prompt, output = self._tokens.setdefault(stage_key, (_Ewma(), _Ewma()))
+            prompt.add(sum(s.prompt_tokens for s in generated))
+            output.add(sum(s.output_tokens for s in generated))
+
+    def _cost_ms(self, entry: _Entry, fill: Fill) -> float:
+        """``K̂`` of one fill: the contention price of the work it did, at the load it ran
+        under. NOTE: a fill that generated nothing to the end (stopped early, cancelled
+        mid-decode) is charged the shape it was admitted with: what it was expected to
+        cost, an upper bound of what it did."""
+        generated = [s for s in fill.trace if s.kind == "llm" and s.done]
+        admission = entry.admitted.get(fill.candidate)
+        if generated:
+            shape = FillShape(max(1, sum(s.prompt_tokens for s in generated)),
+                              max(1, sum(s.output_tokens for s in generated)))
+        elif any(s.kind == "llm" and s.claimed for s in fill.trace) and admission is not None:
+            shape = self._shape(entry.stage_key)
+        else:
+            return 0.0  # it ran nothing on an engine
+        view = self._ran_under.get(fill.fill_id, LoadView())
+        return self.model.price_ms(shape, view)
 
     # -- load -----------------------------------------------------------------------------
 
@@ -230,11 +268,11 @@ class PricedPolicy(FillPolicy):
         return entry
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.counts)
+        return {**self.counts, "window_s": round(self.envelope.window_s, 6)}
 
     async def snapshot(self) -> dict[str, Any]:
         gate = await self.gate.stats()
-        return {**self.counts, "reserved_blocks": gate.pop("reserved_blocks", 0), "gate": gate}
+        return {**self.stats(), "reserved_blocks": gate.pop("reserved_blocks", 0), "gate": gate}
 
     def close(self) -> None:
         if self._probe is not None:

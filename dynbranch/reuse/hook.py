@@ -75,11 +75,13 @@ class Claim:
 class StageLookup:
     """C1's answer for a canonical stage: its reuse name (``""``: not reusable) and either
     the value that serves it or, when it must execute, the claim it executes under
-    (``None`` when nothing is recorded, e.g. after too many joins)."""
+    (``None`` when nothing is recorded, e.g. after too many joins). ``joined``: the lookup
+    waited on an equal execution in flight (whether or not that ended in a value)."""
 
     reuse_name: str = ""
     served: Served | None = None
     claim: Claim | None = None
+    joined: bool = False
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ class StoreReuseHook(ReuseHook):
             claim = self._claim(call, name, key, ticket)
             break
         self.counts["executed"] += 1
-        return StageLookup(name, None, claim)
+        return StageLookup(name, None, claim, joined=joined)
 
     def _served(self, record: Record, how: str) -> Served:
         self.counts[f"served_{how}"] += 1
