@@ -117,6 +117,9 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
         raise ConfigError(f"need --requests >= 1, --rate > 0 and --workers >= 1 "
                           f"(got {cfg.requests}, {cfg.rate}, {cfg.workers})")
     arm = get_arm(cfg.arm)
+    if arm.name == "oracle" and cfg.engine not in ("sim", "zero"):
+        raise ConfigError("the oracle arm replays the trace's branch outcomes; with a real "
+                          f"model (--engine {cfg.engine}) they are not the run's: use sim")
     if arm.name == "instcache" and cfg.split != "test":
         raise ConfigError("the instcache arm pre-populates from the train split; "
                           "measure it on --split test")
@@ -271,9 +274,13 @@ async def _replay(prepared: Prepared, backend: Backend
     try:
         run = run_context(prepared, backend)
         orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
-        # NOTE: before the clock starts (InstCache's predicted requests; others do nothing)
-        await orch.reuse.prepopulate(prepared.workload, prepared.data, prepared.config.seed,
-                                     measured_split=prepared.config.split)
+        # NOTE: before the clock starts (InstCache's predicted requests, the oracle's branch
+        # outcomes; the other arms do nothing)
+        cfg = prepared.config
+        await orch.reuse.prepopulate(prepared.workload, prepared.data, cfg.seed,
+                                     measured_split=cfg.split)
+        await orch.branch_hook.prepopulate(prepared.workload, prepared.data, cfg.seed,
+                                           split=cfg.split, requests=cfg.requests)
         records = await _launch_all(prepared, orch)
         await orch.finish_run()
     finally:

@@ -7,7 +7,7 @@ and speculation off (engines keep their own prefix caching).
 from __future__ import annotations
 
 from dynbranch.arms.base import Arm, store_hook
-from dynbranch.fill import BranchHook, NoSpeculation, Speculator, TopK
+from dynbranch.fill import BranchHook, FillPolicy, NoSpeculation, Speculator, TopK
 from dynbranch.gate.priced import PricedPolicy
 from dynbranch.predictors import make_predictor
 from dynbranch.reuse.hook import NoReuse, ReuseHook
@@ -25,19 +25,21 @@ def request_scoped_reuse(run: RunContext) -> ReuseHook:
     return store_hook(run, cross_request=False)
 
 
-def speculator(run: RunContext, reuse: ReuseHook) -> BranchHook:
-    """C2 with C3: the workload's predictor, fills admitted by the run's fill policy.
-
-    ``run.gate.policy``: ``priced`` (both levels priced), ``topk`` (no gate: the ``fanout``
-    best-ranked candidates), or one of the attribution variants of Fig. 13:
-    ``fixed-threshold`` (Action 0 off, Action 1 admits when p̃ > ``p_star``),
-    ``priced-a1-only`` (Action 0 off, Action 1 priced), ``priced-a0-fixed`` (Action 0
-    priced, Action 1 fixed at ``p_star``).
-    """
-    predictor = make_predictor(run.fill.predictor, **run.fill.predictor_options)
+def fill_policy(run: RunContext) -> FillPolicy:
+    """The run's fill policy, by ``run.gate.policy``: ``priced`` (both levels priced),
+    ``topk`` (no gate: the ``fanout`` best-ranked candidates), or one of the attribution
+    variants of Fig. 13: ``fixed-threshold`` (Action 0 off, Action 1 admits when
+    p̃ > ``p_star``), ``priced-a1-only`` (Action 0 off, Action 1 priced),
+    ``priced-a0-fixed`` (Action 0 priced, Action 1 fixed at ``p_star``)."""
     if run.gate.policy == "topk":
-        return Speculator(run, predictor, TopK(run.fill.fanout))
-    return Speculator(run, predictor, PricedPolicy.for_run(run))
+        return TopK(run.fill.fanout)
+    return PricedPolicy.for_run(run)
+
+
+def speculator(run: RunContext, reuse: ReuseHook) -> BranchHook:
+    """C2 with C3: the workload's predictor, fills admitted by the run's fill policy."""
+    predictor = make_predictor(run.fill.predictor, **run.fill.predictor_options)
+    return Speculator(run, predictor, fill_policy(run))
 
 
 FLOOR = Arm("floor", "no cross-request reuse, no speculation (the reference)",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dynbranch.arms.base import Arm
 from dynbranch.arms.dynbranch_arms import C1, C2, FLOOR, FULL
+from dynbranch.arms.oracle import ORACLE
 from dynbranch.baselines import dsp_arm, helium_arm, instcache_arm, parrot_arm, spagent_arm
 from dynbranch.errors import NotBuiltError, UnknownNameError
 from dynbranch.runtime.placement import SessionAffinity
@@ -18,6 +19,7 @@ BUILT: dict[str, Arm] = {
     "parrot": parrot_arm(),
     "dsp": dsp_arm(),
     "spagent": spagent_arm(),
+    "oracle": ORACLE,  # a bound (the trace's future), not a system
 }
 
 PLANNED: tuple[str, ...] = ()

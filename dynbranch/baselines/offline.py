@@ -55,6 +55,7 @@ class Precomputed:
     request_id: str
     outcome: Any
     stages: tuple[PrecomputedStage, ...]
+    branches: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (coordinate, chosen) in order
 
     @property
     def interactive(self) -> bool:
@@ -75,6 +76,7 @@ class OfflineContext:
     generate: Generate = replay_generate
     tenant: str = "default"
     stages: list[PrecomputedStage] = field(default_factory=list, init=False)
+    branches: list[tuple[str, tuple[str, ...]]] = field(default_factory=list, init=False)
     _coordinate: str | None = field(default=None, init=False)
 
     @property
@@ -112,6 +114,7 @@ class OfflineContext:
         yield scope
         if scope.chosen is None:
             raise RuntimeError(f"{self.request_id}: branch {point.coordinate} did not resolve")
+        self.branches.append((str(point.coordinate), scope.chosen))
 
     def _render(self, stage: str, values: Mapping[str, Any]) -> tuple[StageSpec, RenderedInput]:
         spec = self.instance.template.stage(stage)
@@ -129,4 +132,4 @@ async def precompute(instance: RequestInstance, generate: Generate = replay_gene
     """Run ``instance`` to its end offline; any error of its program propagates."""
     ctx = OfflineContext(instance, generate, tenant)
     outcome = await instance.run(ctx)
-    return Precomputed(instance.request_id, outcome, tuple(ctx.stages))
+    return Precomputed(instance.request_id, outcome, tuple(ctx.stages), tuple(ctx.branches))

@@ -11,16 +11,24 @@ them. :class:`NoSpeculation` (the floor) starts no fills.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynbranch.fill.model import Fill
 from dynbranch.fill.runner import BranchSession
+
+if TYPE_CHECKING:
+    from dynbranch.workload import DataConfig, Workload
 
 
 class BranchHook:
     """C2's entry points. The defaults start no fills."""
 
     name = "none"
+
+    async def prepopulate(self, workload: Workload, data: DataConfig | None, seed: int, *,
+                          split: str, requests: int) -> None:
+        """Before the clock starts, with the run's workload settings (default: nothing; the
+        ``oracle`` bound learns the trace's branch outcomes here)."""
 
     async def opened(self, session: BranchSession) -> None:
         """The workflow opened a branch and is now deciding it."""
