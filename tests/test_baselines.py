@@ -147,7 +147,7 @@ def test_memory_is_bounded_per_engine_and_eviction_cuts_chains_from_the_tail():
 def test_choices_are_deterministic_across_processes_and_hash_seeds():
     script = (
         "import json\n"
-        "from dynbranch.baselines import PrefixAffinity\n"
+        "from dynbranch.runtime.affinity import PrefixAffinity\n"
         "from dynbranch.engines.protocol import GenerateRequest\n"
         "p = PrefixAffinity()\n"
         "out = []\n"

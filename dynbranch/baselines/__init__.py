@@ -43,7 +43,6 @@ from dynbranch.baselines.instcache import (
     instcache_arm,
 )
 from dynbranch.baselines.parrot import PARROT_DESCRIPTION, ParrotConfig, ParrotPlacement, parrot_arm
-from dynbranch.baselines.prefix_affinity import AffinityConfig, PrefixAffinity
 from dynbranch.baselines.spagent import (
     SPAGENT_DESCRIPTION,
     LoadThrottle,
@@ -52,6 +51,7 @@ from dynbranch.baselines.spagent import (
     StopAfterSearch,
     spagent_arm,
 )
+from dynbranch.runtime.affinity import AffinityConfig, PrefixAffinity
 
 __all__ = [
     "DSP_DESCRIPTION", "HELIUM_DESCRIPTION", "INSTCACHE_DESCRIPTION", "PARROT_DESCRIPTION",

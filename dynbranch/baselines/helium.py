@@ -3,7 +3,7 @@
 **Taken from Helium** (Wadlom et al., 2026, arXiv 2603.16104), as the paper's Helium⁺ runs
 it: a workflow is a query plan whose LLM calls are first-class operators; the scheduler
 places each operator on the worker that holds its prompt prefix (Helium's templated radix
-tree, here :class:`~dynbranch.baselines.prefix_affinity.PrefixAffinity`), on the concurrent
+tree, here :class:`~dynbranch.runtime.affinity.PrefixAffinity`), on the concurrent
 dispatch path the other arms use; and a global cache answers an operator whose own input
 equals one already computed, so it is never executed twice (Helium's prompt cache). Its
 common-subgraph elimination merges equal operators of concurrent queries, so an operator
@@ -25,7 +25,7 @@ equal to one *in flight* waits for it and is served its result (``join``).
   read-only tool call keyed on its input can.
 * The templated radix tree becomes per-engine LRU sets of chained prefix-block hashes,
   and its cost model a match-fraction threshold plus a load guard (settings and reasons in
-  :class:`~dynbranch.baselines.prefix_affinity.AffinityConfig`).
+  :class:`~dynbranch.runtime.affinity.AffinityConfig`).
 * No speculation and no fills, so no shadows exist; the store, the capacity and the
   eviction policy are the run's (``--store-mb``, ``--eviction``), as for ``c1``.
 * Helium's proactive KV pre-warming of static prompt prefixes is left to the engines'
@@ -38,10 +38,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from dynbranch.arms.base import Arm
-from dynbranch.baselines.prefix_affinity import PrefixAffinity
 from dynbranch.fill import NoSpeculation
 from dynbranch.reuse.names import HashFn, sha256hex
 from dynbranch.reuse.store_hook import StoreReuseHook
+from dynbranch.runtime.affinity import PrefixAffinity
 from dynbranch.runtime.run import RunContext
 
 HELIUM_DESCRIPTION = ("Helium+: prefix-affinity placement plus an exact per-operator result "

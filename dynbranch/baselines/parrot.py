@@ -43,7 +43,7 @@ every call executes.
   arm has today. Parrot's shared-prefix attention kernel is an engine feature; the
   engines' prefix caching, which every arm has, stands in for its compute saving.
 
-**Difference from Helium's** :class:`~dynbranch.baselines.prefix_affinity.PrefixAffinity`.
+**Difference from Helium's** :class:`~dynbranch.runtime.affinity.PrefixAffinity`.
 Helium models what each engine's KV cache *holds* — an LRU of chained prompt-block hashes
 — and sends a call to the engine with the longest block match if it covers at least half
 the prompt, within an imbalance guard. Parrot routes on *context identity* exposed by the

@@ -1,9 +1,10 @@
-"""Prefix-affinity placement: the cache-aware scheduling half of the Helium⁺ baseline.
+"""Cache-aware placement: send a call where its prompt's prefix is already cached.
 
-Helium (Wadlom et al., 2026) schedules each LLM operator on the worker whose KV cache
-already holds the longest part of its prompt, found in a *templated radix tree* of the
-prompts it has placed, and trades that reuse against load in a cost model. This policy is
-the simplified form the baseline runs on the concurrent dispatch path:
+:class:`PrefixAffinity` is the cache-aware scheduling half of the Helium⁺ baseline. Helium
+(Wadlom et al., 2026) schedules each LLM operator on the worker whose KV cache already
+holds the longest part of its prompt, found in a *templated radix tree* of the prompts it
+has placed, and trades that reuse against load in a cost model. This policy is the
+simplified form the baseline runs on the concurrent dispatch path:
 
 * **What a worker holds.** Every prompt placed on an engine is cut into blocks of
   ``block_chars`` characters; block *k*'s key is a hash chained through block *k-1*'s key
@@ -25,6 +26,12 @@ Characters, not tokens, measure the match: counting tokens would tokenize every 
 the dispatch path, and affinity needs only an order between engines, which characters
 give. Keys come from ``hashlib`` (never Python's salted ``hash``), so choices are the same
 in every process.
+
+:class:`AffinityPlacement` is DynBranch's own placement (every DynBranch arm and the floor):
+session affinity for a request's canonical calls (its consecutive prompts share long
+prefixes on its *home* engine), with the home chosen — when a request first calls, or when
+its home falls too far behind — by the same prefix match across requests (a new request
+lands where an earlier one left the prompt head they share), and fills sent off the home.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dynbranch.engines.protocol import GenerateRequest
+from dynbranch.engines.protocol import CANONICAL, GenerateRequest
 from dynbranch.runtime.placement import PlacementPolicy
 
 BlockHash = Callable[[bytes], bytes]
@@ -108,11 +115,9 @@ class PrefixAffinity(PlacementPolicy):
         self.counts = {"affinity": 0, "no_affinity": 0, "load_guard": 0}
 
     def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
-        while len(self._held) < len(outstanding):
-            self._held.append(OrderedDict())
         keys = self.block_keys(request.prompt, request.cache_salt)
-        chosen = self._decide(outstanding, keys)
-        self._remember(chosen, keys)
+        chosen = self.decide(outstanding, keys)
+        self.remember(chosen, keys)
         return chosen
 
     def block_keys(self, prompt: str, salt: str | None) -> list[bytes]:
@@ -148,7 +153,10 @@ class PrefixAffinity(PlacementPolicy):
 
     # -- deciding -------------------------------------------------------------------------
 
-    def _decide(self, outstanding: Sequence[int], keys: Sequence[bytes]) -> int:
+    def decide(self, outstanding: Sequence[int], keys: Sequence[bytes]) -> int:
+        """The engine for a prompt with block ``keys`` (see the module docstring)."""
+        while len(self._held) < len(outstanding):
+            self._held.append(OrderedDict())
         least = least_outstanding(outstanding)
         if not keys:
             self.counts["no_affinity"] += 1
@@ -165,7 +173,10 @@ class PrefixAffinity(PlacementPolicy):
         self.counts["affinity"] += 1
         return best.engine
 
-    def _remember(self, engine: int, keys: Sequence[bytes]) -> None:
+    def remember(self, engine: int, keys: Sequence[bytes]) -> None:
+        """Note that ``engine`` was sent a prompt with block ``keys`` (it caches them now)."""
+        while len(self._held) <= engine:
+            self._held.append(OrderedDict())
         self._tick += 1
         held = self._held[engine]
         # NOTE: touched tail first, so the head is the most recently used: eviction then cuts
@@ -175,3 +186,50 @@ class PrefixAffinity(PlacementPolicy):
             held.move_to_end(key)
         while len(held) > self.config.blocks_per_engine:
             held.popitem(last=False)
+
+
+class AffinityPlacement(PlacementPolicy):
+    """Session affinity whose homes are chosen by prefix affinity, within a load guard.
+
+    A request's canonical calls stay on its home engine unless home has more than ``slack``
+    open calls beyond the least loaded engine; a request without a home (its first call, or
+    after that guard) gets the engine :class:`PrefixAffinity` picks for the prompt (the
+    longest cached prefix within its own load guard, else the least loaded). Speculative
+    calls (fills) go to the least loaded engine other than the request's home, so they
+    overlap the request's own decoding instead of slowing it. Every call's prompt is
+    remembered on the engine it went to, so later matches see it.
+    """
+
+    name = "affinity"
+
+    def __init__(self, slack: int = 2, config: AffinityConfig | None = None,
+                 max_sessions: int = 65_536) -> None:
+        self.slack, self.max_sessions = slack, max_sessions
+        self.prefix = PrefixAffinity(config)
+        self._home: OrderedDict[str, int] = OrderedDict()
+
+    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
+        n = len(outstanding)
+        prefix = self.prefix
+        keys = prefix.block_keys(request.prompt, request.cache_salt)
+        home = self._home.get(request.session) if request.session else None
+        if home is not None and home >= n:
+            home = None
+        if request.priority > CANONICAL:
+            others = [i for i in range(n) if i != home] or list(range(n))
+            chosen = min(others, key=lambda i: (outstanding[i], i))
+        else:
+            least = least_outstanding(outstanding)
+            if home is None or outstanding[home] > outstanding[least] + self.slack:
+                home = prefix.decide(outstanding, keys)
+            chosen = home
+            if request.session:
+                self._home[request.session] = home
+                self._home.move_to_end(request.session)
+                if len(self._home) > self.max_sessions:
+                    self._home.popitem(last=False)
+        prefix.remember(chosen, keys)
+        return chosen
+
+    def stats(self) -> dict[str, int]:
+        return self.prefix.stats()
