@@ -104,9 +104,11 @@ def _experiment_parser(sub: argparse._SubParsersAction) -> None:
 
 def _model_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model", help="make a local model for the hf and vllm engines")
-    p.add_argument("action", choices=["make-tiny"],
-                   help="make-tiny: write a seeded tiny Qwen3 model and its tokenizer")
-    p.add_argument("out_dir", help="directory to write the model into")
+    p.add_argument("action", choices=["make-tiny", "fetch"],
+                   help="make-tiny: write a seeded tiny Qwen3 model and its tokenizer; fetch: "
+                        "download a Hugging Face model into this node's HF cache")
+    p.add_argument("out_dir", metavar="TARGET",
+                   help="make-tiny: directory to write the model into; fetch: model id")
     p.add_argument("--seed", type=int, default=0, help="weight seed")
     p.add_argument("--hidden", type=int, default=64, help="hidden size")
     p.add_argument("--heads", type=int, default=4,
@@ -218,6 +220,11 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def cmd_model(args: argparse.Namespace) -> int:
     import importlib.util
 
+    if args.action == "fetch":
+        from dynbranch.engines.model_ref import resolve_model
+
+        print(resolve_model(args.out_dir))  # NOTE: a cached model resolves without network
+        return 0
     from dynbranch.errors import ConfigError
 
     missing = [m for m in ("torch", "transformers", "tokenizers")
