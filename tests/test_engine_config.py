@@ -194,6 +194,19 @@ def test_the_same_model_fits_with_a_shorter_context_or_fp8_kv_and_32b_fits_an_h2
     assert tp4.fits and tp4.kv_bytes_per_token == 2 * 64 * 2 * 128 * 2
 
 
+@pytest.mark.parametrize(
+    "toml,model,gib",
+    [
+        ("qwen3-8b@rtx4090.toml", "qwen3-8b", RTX4090_GIB),
+        ("qwen3-32b@h200.toml", "qwen3-32b", H200_GIB),
+    ],
+)
+def test_the_shipped_engine_configs_fit_their_gpus(toml: str, model: str, gib: float):
+    config = EngineConfig.from_toml(Path(__file__).parent.parent / "ray_cluster" / "engines" / toml)
+    plan = plan_kv(shape(model), config, device_bytes=round(gib * GIB))
+    assert plan.fits and plan.available_kv_bytes >= 1.9 * plan.needed_kv_bytes, plan.explain()
+
+
 def test_weights_are_measured_from_the_files_and_a_fixed_pool_is_checked_alone(tmp_path: Path):
     model = tmp_path / "m"
     shutil.copytree(MODELS / "qwen3-8b", model)

@@ -236,3 +236,64 @@ def test_start_node_worker_needs_the_head_token_as_a_file(tmp_path):
     )
     assert proc.returncode == 1
     assert f"no token at {tmp_path / 'missing'}: copy the head's token file here" in proc.stderr
+
+
+def test_start_node_finds_its_address_in_a_subnet_and_keeps_the_dashboard_local(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["HOME"] = str(tmp_path)
+    run = ["bash", str(START_NODE), "--head", "4", "--node-ip-in", "127.0.0.0/8", "--dry-run"]
+    done = subprocess.run(run, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "ray",
+        "start",
+        "--head",
+        "--port=6379",
+        "--node-ip-address=127.0.0.1",
+        "--dashboard-host=127.0.0.1",
+        "--dashboard-port=8265",
+        '--resources={"dynbranch_engine":',
+        "4}",
+    ]
+    assert not (tmp_path / ".ray").exists(), "a dry run writes no token"
+    done = subprocess.run(
+        ["bash", str(START_NODE), "--head", "--node-ip-in", "10.255.254.0/24", "--dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "no address of this node is in 10.255.254.0/24" in done.stderr
+
+
+def test_single_box_starts_one_engine_per_gpu_and_submits_a_vllm_replay(tmp_path):
+    script = START_NODE.parent / "single_box.sh"
+    done = subprocess.run(
+        ["bash", str(script), "--gpus", "4", "--dry-run", "--out", "runs/x", "--", "--fanout", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert f"bash {START_NODE} --head 4 --port 6390 --dashboard-port 8266 --block" in [
+        line.strip() for line in lines
+    ]
+    submit = next(line for line in lines if line.startswith("ray job submit")).split()
+    assert submit[:6] == [
+        "ray",
+        "job",
+        "submit",
+        "--address",
+        "http://127.0.0.1:8266",
+        "--working-dir",
+    ]
+    replay = submit[submit.index("--") + 1 :]
+    assert replay[:3] == ["python", "-m", "dynbranch"]
+    flags = dict(zip(replay[4::2], replay[5::2], strict=False))
+    assert flags["--engine"] == "vllm" and flags["--workers"] == "4"
+    assert flags["--model"] == "Qwen/Qwen3-32B" and flags["--address"] == "auto"
+    assert flags["--engine-config"].endswith("ray_cluster/engines/qwen3-32b@h200.toml")
+    assert flags["--out"] == f"{tmp_path}/runs/x" and flags["--fanout"] == "3"

@@ -198,7 +198,8 @@ def test_a_kv_pool_too_small_for_one_sequence_is_refused_before_vllm_starts(tiny
     # 2 layers x 1 KV head x 64 x 2 (K, V) x 2 bytes (a float32 checkpoint runs in half)
     assert caught.value.plan.kv_bytes_per_token == 512
     assert caught.value.plan.max_model_len == 40_960
-    assert "engine vllm-small: tiny-h64 at max_model_len 40,960 needs 0.02 GiB" in str(caught.value)
+    expected = f"engine vllm-small: {tiny_dir} at max_model_len 40,960 needs 0.02 GiB"
+    assert expected in str(caught.value)
     assert caught.value.plan.max_fitting_len == 2048
     assert engine.engine_args["model"] == str(tiny_dir)
 

@@ -99,10 +99,10 @@ class ModelShape:
         )
 
     @classmethod
-    def from_dir(cls, model_dir: Path) -> ModelShape:
-        """The shape of the model in ``model_dir``."""
+    def from_dir(cls, model_dir: Path, name: str | None = None) -> ModelShape:
+        """The shape of the model in ``model_dir`` (``name``: how messages call it)."""
         config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-        return cls.from_config(model_dir.name, config)
+        return cls.from_config(name or model_dir.name, config)
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ def plan_kv(
 ) -> KVPlan:
     """The fit check's numbers for ``shape`` under ``config`` on a device of ``device_bytes``.
 
-    ``default_utilization`` is the engine's own default share (vLLM's is 0.92 from 0.11 on).
+    ``default_utilization`` is the engine's own default share (0.92 in vLLM 0.32).
     With ``kv_cache_memory_bytes`` set the pool is that size and ``device_bytes`` is unused.
     """
     max_len = config.max_model_len or shape.max_positions
@@ -247,7 +247,9 @@ def device_memory_bytes(config: EngineConfig) -> int | None:
     return int(torch.cuda.mem_get_info()[1])
 
 
-def check_kv_fits(engine_id: str, model_dir: Path, config: EngineConfig) -> KVPlan | None:
+def check_kv_fits(
+    engine_id: str, model_dir: Path, config: EngineConfig, name: str | None = None
+) -> KVPlan | None:
     """Raise :class:`KVCacheTooSmallError` when the model cannot start under ``config``.
 
     Returns the plan, or ``None`` when nothing can be checked (``check_kv`` off, or no GPU
@@ -258,7 +260,8 @@ def check_kv_fits(engine_id: str, model_dir: Path, config: EngineConfig) -> KVPl
     device = None if config.kv_cache_memory_bytes is not None else device_memory_bytes(config)
     if device is None and config.kv_cache_memory_bytes is None:
         return None
-    plan = plan_kv(ModelShape.from_dir(model_dir), config, model_dir=model_dir, device_bytes=device)
+    shape = ModelShape.from_dir(model_dir, name)
+    plan = plan_kv(shape, config, model_dir=model_dir, device_bytes=device)
     if not plan.fits:
         raise KVCacheTooSmallError(engine_id, plan)
     return plan

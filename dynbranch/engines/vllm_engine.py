@@ -195,7 +195,7 @@ class VLLMEngine(Engine):
             self.model_ref, revision=self.config.revision, download=self.config.download
         )
         self.engine_args["model"] = str(self.model_path)
-        self.kv_plan = check_kv_fits(self.engine_id, self.model_path, self.config)
+        self.kv_plan = check_kv_fits(self.engine_id, self.model_path, self.config, self.model_ref)
         # NOTE: building the engine blocks this loop while vLLM's engine core loads the model
         # and sizes its KV pool (seconds to minutes); engines start before any request runs.
         self._llm = vllm.build_engine(self.engine_args, self._stats.record)
