@@ -23,6 +23,7 @@ pytest.importorskip("tokenizers", reason="the tiny model's tokenizer needs token
 import dynbranch.errors as errors  # noqa: E402
 from dynbranch.cli import main  # noqa: E402
 from dynbranch.driver import ReplayConfig, prepare, run_replay  # noqa: E402
+from dynbranch.engines.config import EngineConfig  # noqa: E402
 from dynbranch.errors import ConfigError, ModelNotFoundError  # noqa: E402
 from dynbranch.models.tiny import make_tiny  # noqa: E402
 
@@ -110,6 +111,16 @@ def test_hf_replay_generates_llm_outputs_and_accounts_for_every_request(
             ConfigError,
             "--engine vllm --backend local runs one engine.*--workers 1",
         ),
+        (
+            {"engine": "sim", "engine_config": EngineConfig(max_model_len=4096)},
+            ConfigError,
+            r"engine settings \(--engine-config, --max-model-len, ...\) are for --engine hf",
+        ),
+        (
+            {"engine": "hf", "model": "TINY", "engine_config": EngineConfig(quantization="awq")},
+            ConfigError,
+            "--engine hf does not support quantization",
+        ),
     ],
 )
 def test_real_engine_settings_are_refused_before_anything_starts(
@@ -120,6 +131,26 @@ def test_real_engine_settings_are_refused_before_anything_starts(
     with pytest.raises(error, match=match):
         prepare(_cfg(tmp_path, **kw), progress=lambda _m: None)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_hub_id_that_cannot_be_had_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from huggingface_hub import constants
+
+    from dynbranch.engines.model_ref import ModelUnavailableError
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    cfg = _cfg(tmp_path, engine="hf", model="dynbranch-test/no-such-model")
+    with pytest.raises(ModelUnavailableError, match="'dynbranch-test/no-such-model' is not in"):
+        prepare(cfg, progress=lambda _m: None)
+    assert not (tmp_path / "run").exists()
+    # On Ray the nodes resolve it when their engines start: here only its form is checked.
+    prepare(
+        _cfg(tmp_path, engine="hf", model="dynbranch-test/no-such-model", backend="ray"),
+        progress=lambda _m: None,
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
