@@ -243,32 +243,35 @@ def test_a_run_whose_requests_fail_exits_0_with_the_failures_counted(
 @pytest.mark.network
 def test_the_tiny_models_context_holds_every_routing_prompt(tiny_dir: Path):
     """BFCL's multi-turn router prompts are the workloads' longest (function docs of up to
-    29 k characters): every record's first router prompt fits the tiny model's context."""
+    29 k characters): every test record's first router prompt fits the tiny model's context."""
     from transformers import AutoTokenizer
 
-    from dynbranch.datasets import cache_dir, fetch_bfcl
+    from dynbranch.datasets import cache_dir, resolve_data_dir
     from dynbranch.errors import DataFetchError
     from dynbranch.models.tiny import MAX_POSITIONS
-    from workloads.routing.bfcl_data import load_bfcl
+    from dynbranch.workload import DataConfig
+    from workloads import get_workload
     from workloads.routing.template import ROUTER
 
-    try:  # NOTE: the cache `dynbranch replay` uses (fetched there once, as a replay would)
-        root = fetch_bfcl(cache_dir(), progress=lambda _m: None)
+    workload, data = get_workload("routing"), DataConfig(resolve_data_dir(None), cache_dir())
+    try:  # NOTE: the data `dynbranch replay` reads (fetched once into the cache, as it would)
+        workload.fetch_data(data, lambda _m: None)
     except DataFetchError as e:
         pytest.skip(f"PyPI unreachable, cannot fetch the bfcl-eval wheel: {e}")
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    records = {r.record.id: r for r in workload.requests(data, 2000, 0, "test")}
     lengths = [
         len(
             tokenizer(
                 ROUTER.render(
                     {
-                        "functions": [dict(f) for f in r.functions],
-                        "conversation": [{"role": "user", "content": r.turns[0]}],
+                        "functions": r.functions,
+                        "conversation": [{"role": "user", "content": r.record.turns[0]}],
                     }
                 ).text
             )["input_ids"]
         )
-        for r in load_bfcl(root).all()
+        for r in records.values()
     ]
-    assert len(lengths) > 500
+    assert len(lengths) > 400
     assert 4096 < max(lengths) < MAX_POSITIONS // 2, "the old 4,096 context was too short"
