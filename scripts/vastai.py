@@ -10,8 +10,8 @@
 machine), creates a vast.ai overlay network there and one instance per offer attached to it,
 waits until they run, reads each one's SSH endpoint from the instance listing and its overlay
 address over SSH, and writes into ``runs/vastai/NAME/``: ``state.json``, the cluster's Ray
-token (``auth_token``, mode 0600, generated here and shipped to every node as a file by
-``ray up``), and ``cluster.yaml`` (validated by Ray's own launcher code), plus an SSH proxy
+token (``secrets/auth_token``, mode 0600, generated here and shipped to every node as a
+file by ``ray up``), and ``cluster.yaml`` (validated by Ray's own launcher code), plus an SSH proxy
 script under ``~/.cache/dynbranch/vastai/NAME/``. ``--layout single`` rents one instance with
 ``--nodes`` GPUs instead (no overlay). Why the overlay and the proxy: ``scripts/vastai_cluster.py``.
 
@@ -248,7 +248,9 @@ def write_cluster(state: ClusterState, out: Path, ssh_key: str) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "state.json").write_text(state.to_json())
-    token = out / "auth_token"
+    secrets_dir = out / "secrets"  # NOTE: the token alone: this directory is mounted on nodes
+    secrets_dir.mkdir(mode=0o700, exist_ok=True)
+    token = secrets_dir / "auth_token"
     if not token.exists():  # NOTE: Ray's format: 256 random bits in hex; owner-only
         fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -261,8 +263,8 @@ def write_cluster(state: ClusterState, out: Path, ssh_key: str) -> Path:
         state,
         ssh_key=ssh_key,
         repo=str(ROOT),
-        token_file=str(token.resolve()),
-        proxy_file=str(proxy),
+        secrets_dir=str(secrets_dir.resolve()),
+        proxy_dir_local=str(proxy.parent),
     )
     validate_with_ray(config)
     path = out / "cluster.yaml"
@@ -278,7 +280,7 @@ YAML_HEADER = """\
 
 def next_steps(state: ClusterState, out: Path) -> str:
     """What the operator runs next (printed by ``up``)."""
-    yaml_path, token = out / "cluster.yaml", (out / "auth_token").resolve()
+    yaml_path, token = out / "cluster.yaml", (out / "secrets" / "auth_token").resolve()
     config = f" --engine-config {state.engine_config}" if state.engine_config else ""
     engines = sum(n.gpus for n in state.nodes)
     return f"""

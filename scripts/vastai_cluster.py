@@ -34,7 +34,9 @@ from typing import Any
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
 REMOTE_REPO = "/root/dynbranch"
-REMOTE_TOKEN = "/root/.ray/auth_token"
+REMOTE_SECRETS = "/root/.dynbranch/secrets"
+"""Where the cluster's secrets directory (the Ray token alone) lands on every node."""
+REMOTE_TOKEN = f"{REMOTE_SECRETS}/auth_token"
 PROXY_NAME = "ssh-proxy"
 """The proxy script's name under ``~/.cache/dynbranch/vastai/CLUSTER/`` (laptop and head)."""
 
@@ -212,15 +214,20 @@ def render_proxy(state: ClusterState) -> str:
 
 
 def render_cluster_yaml(
-    state: ClusterState, *, ssh_key: str, repo: str, token_file: str, proxy_file: str
+    state: ClusterState, *, ssh_key: str, repo: str, secrets_dir: str, proxy_dir_local: str
 ) -> dict[str, Any]:
-    """The ``ray up`` configuration of ``state`` (a plain dict; dump it as YAML)."""
+    """The ``ray up`` configuration of ``state`` (a plain dict; dump it as YAML).
+
+    ``secrets_dir`` holds the token file alone and ``proxy_dir_local`` the proxy script alone:
+    both are mounted as directories, which Ray syncs like any other mount.
+    """
     head, workers = state.nodes[0], state.nodes[1:]
     engines = head.gpus
     node_ip = ["--node-ip-in", state.subnet] if state.subnet else []
     start = f"bash {REMOTE_REPO}/ray_cluster/start_node.sh"
     common = shlex.join([str(engines), *node_ip, "--token-file", REMOTE_TOKEN])
-    remote_proxy = f"{proxy_dir(state.name)}/{PROXY_NAME}"
+    remote_proxy_dir = proxy_dir(state.name)
+    remote_proxy = f"{remote_proxy_dir}/{PROXY_NAME}"
     setup = [
         "python3 -m pip install -q -U pip",
         f"python3 -m pip install -q -e '{REMOTE_REPO}[vllm]'",
@@ -242,7 +249,11 @@ def render_cluster_yaml(
         "max_workers": len(workers),
         "upscaling_speed": 1.0,
         "idle_timeout_minutes": 60,
-        "file_mounts": {REMOTE_REPO: repo, REMOTE_TOKEN: token_file, remote_proxy: proxy_file},
+        "file_mounts": {
+            REMOTE_REPO: repo,
+            REMOTE_SECRETS: secrets_dir,
+            remote_proxy_dir: proxy_dir_local,
+        },
         "rsync_exclude": ["**/.git", "**/.git/**", "runs/**", ".venv*/**", "**/__pycache__"],
         "setup_commands": setup,
         "head_start_ray_commands": [

@@ -157,18 +157,18 @@ def test_the_cluster_yaml_passes_rays_validation_and_carries_no_secret(rented):
         "ssh_private_key": "/keys/id_ed25519",
         "ssh_proxy_command": f"python3 {proxy} %h %p",
     }
-    token = out / "auth_token"
+    token = out / "secrets" / "auth_token"
     assert config["file_mounts"] == {
         "/root/dynbranch": str(ROOT),
-        "/root/.ray/auth_token": str(token.resolve()),
-        proxy: str(Path.home() / proxy[2:]),
+        "/root/.dynbranch/secrets": str(token.parent.resolve()),
+        proxy.rsplit("/", 1)[0]: str(Path.home() / proxy[2:].rsplit("/", 1)[0]),
     }
     assert config["setup_commands"][1:] == [
         "python3 -m pip install -q -e '/root/dynbranch[vllm]'",
         "python3 -m dynbranch model fetch Qwen/Qwen3-8B",
     ]
     start = "bash /root/dynbranch/ray_cluster/start_node.sh"
-    node = "1 --node-ip-in 10.0.12.0/24 --token-file /root/.ray/auth_token"
+    node = "1 --node-ip-in 10.0.12.0/24 --token-file /root/.dynbranch/secrets/auth_token"
     assert config["head_start_ray_commands"] == [
         f"{start} --head {node} -- --autoscaling-config=~/ray_bootstrap_config.yaml"
     ]
@@ -187,8 +187,8 @@ def test_the_committed_example_is_the_render_of_the_recording_and_valid(rented, 
         state,
         ssh_key="~/.ssh/id_ed25519",
         repo=".",
-        token_file="runs/vastai/dynbranch/auth_token",
-        proxy_file="~/.cache/dynbranch/vastai/dynbranch/ssh-proxy",
+        secrets_dir="runs/vastai/dynbranch/secrets",
+        proxy_dir_local="~/.cache/dynbranch/vastai/dynbranch",
     )
     committed = yaml.safe_load((ROOT / "ray_cluster" / "vastai-4x4090.yaml").read_text())
     assert committed == config
