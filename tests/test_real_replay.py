@@ -23,6 +23,7 @@ pytest.importorskip("tokenizers", reason="the tiny model's tokenizer needs token
 import dynbranch.errors as errors  # noqa: E402
 from dynbranch.cli import main  # noqa: E402
 from dynbranch.driver import ReplayConfig, prepare, run_replay  # noqa: E402
+from dynbranch.engines.config import EngineConfig  # noqa: E402
 from dynbranch.errors import ConfigError, ModelNotFoundError  # noqa: E402
 from dynbranch.models.tiny import make_tiny  # noqa: E402
 
@@ -37,8 +38,15 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _cfg(tmp_path: Path, **kw: object) -> ReplayConfig:
     """``replay --workload routing --requests 3 --rate 5 --backend local`` on the fixture."""
     base: dict[str, object] = dict(
-        workload="routing", backend="local", clock="real", requests=3, rate=5.0,
-        out=tmp_path / "run", progress=False, workload_options={"root": str(FIXTURE)})
+        workload="routing",
+        backend="local",
+        clock="real",
+        requests=3,
+        rate=5.0,
+        out=tmp_path / "run",
+        progress=False,
+        workload_options={"root": str(FIXTURE)},
+    )
     base.update(kw)
     return ReplayConfig(**base)  # type: ignore[arg-type]
 
@@ -68,26 +76,53 @@ def test_hf_replay_generates_llm_outputs_and_accounts_for_every_request(
     assert all(s.prompt_tokens > 0 and s.output_tokens > 0 for s in llm)
 
     # The same requests replayed: the same rendered inputs, the trace's outputs instead.
-    replayed = run_replay(prepare(_cfg(tmp_path, engine="zero", clock="virtual",
-                                       out=tmp_path / "replayed"), progress=lambda _m: None))
-    trace = {(s.request_id, s.stage, s.input_digest): s.output_digest
-             for s in replayed.orchestrator.log.stages if s.kind == "llm"}
+    replayed = run_replay(
+        prepare(
+            _cfg(tmp_path, engine="zero", clock="virtual", out=tmp_path / "replayed"),
+            progress=lambda _m: None,
+        )
+    )
+    trace = {
+        (s.request_id, s.stage, s.input_digest): s.output_digest
+        for s in replayed.orchestrator.log.stages
+        if s.kind == "llm"
+    }
     same_input = [s for s in llm if (s.request_id, s.stage, s.input_digest) in trace]
     assert len(same_input) >= 3, "at least each request's first router decision"
-    assert all(s.output_digest != trace[(s.request_id, s.stage, s.input_digest)]
-               for s in same_input), "generated, not replayed"
+    assert all(
+        s.output_digest != trace[(s.request_id, s.stage, s.input_digest)] for s in same_input
+    ), "generated, not replayed"
 
 
-@pytest.mark.parametrize("kw,error,match", [
-    ({"engine": "hf"}, ConfigError, "--engine hf needs --model DIR"),
-    ({"engine": "vllm"}, ConfigError, "--engine vllm needs --model DIR"),
-    ({"engine": "hf", "model": "TINY", "clock": "virtual"}, ConfigError,
-     "--engine hf runs a real model outside the event loop.*--clock real"),
-    ({"engine": "sim", "model": "TINY"}, ConfigError, "--model is for --engine hf|vllm"),
-    ({"engine": "hf", "model": "MISSING"}, ModelNotFoundError, "no model at .*missing"),
-    ({"engine": "vllm", "model": "TINY", "workers": 2}, ConfigError,
-     "--engine vllm --backend local runs one engine.*--workers 1"),
-])
+@pytest.mark.parametrize(
+    "kw,error,match",
+    [
+        ({"engine": "hf"}, ConfigError, "--engine hf needs --model DIR"),
+        ({"engine": "vllm"}, ConfigError, "--engine vllm needs --model DIR"),
+        (
+            {"engine": "hf", "model": "TINY", "clock": "virtual"},
+            ConfigError,
+            "--engine hf runs a real model outside the event loop.*--clock real",
+        ),
+        ({"engine": "sim", "model": "TINY"}, ConfigError, "--model is for --engine hf|vllm"),
+        ({"engine": "hf", "model": "MISSING"}, ModelNotFoundError, "no model at .*missing"),
+        (
+            {"engine": "vllm", "model": "TINY", "workers": 2},
+            ConfigError,
+            "--engine vllm --backend local runs one engine.*--workers 1",
+        ),
+        (
+            {"engine": "sim", "engine_config": EngineConfig(max_model_len=4096)},
+            ConfigError,
+            r"engine settings \(--engine-config, --max-model-len, ...\) are for --engine hf",
+        ),
+        (
+            {"engine": "hf", "model": "TINY", "engine_config": EngineConfig(quantization="awq")},
+            ConfigError,
+            "--engine hf does not support quantization",
+        ),
+    ],
+)
 def test_real_engine_settings_are_refused_before_anything_starts(
     tmp_path: Path, tiny_dir: Path, kw: dict, error: type, match: str
 ):
@@ -96,6 +131,26 @@ def test_real_engine_settings_are_refused_before_anything_starts(
     with pytest.raises(error, match=match):
         prepare(_cfg(tmp_path, **kw), progress=lambda _m: None)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_hub_id_that_cannot_be_had_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from huggingface_hub import constants
+
+    from dynbranch.engines.model_ref import ModelUnavailableError
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    cfg = _cfg(tmp_path, engine="hf", model="dynbranch-test/no-such-model")
+    with pytest.raises(ModelUnavailableError, match="'dynbranch-test/no-such-model' is not in"):
+        prepare(cfg, progress=lambda _m: None)
+    assert not (tmp_path / "run").exists()
+    # On Ray the nodes resolve it when their engines start: here only its form is checked.
+    prepare(
+        _cfg(tmp_path, engine="hf", model="dynbranch-test/no-such-model", backend="ray"),
+        progress=lambda _m: None,
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
@@ -107,25 +162,116 @@ def test_vllm_without_vllm_installed_is_refused_on_the_local_backend(
         prepare(cfg, progress=lambda _m: None)
 
 
-def test_cli_refuses_with_one_line_and_status_2(capsys: pytest.CaptureFixture[str],
-                                                tiny_dir: Path):
+def test_cli_refuses_with_one_line_and_status_2(capsys: pytest.CaptureFixture[str], tiny_dir: Path):
     assert main(["replay", "--engine", "hf", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dynbranch: error: --engine hf needs --model DIR")
     assert err.count("\n") == 1
-    argv = ["replay", "--engine", "hf", "--model", str(tiny_dir), "--backend", "local",
-            "--clock", "virtual", "--quiet"]
+    argv = [
+        "replay",
+        "--engine",
+        "hf",
+        "--model",
+        str(tiny_dir),
+        "--backend",
+        "local",
+        "--clock",
+        "virtual",
+        "--quiet",
+    ]
     assert main(argv) == 2
     assert "use --clock real" in capsys.readouterr().err
 
 
-def test_cli_make_tiny_writes_the_seeded_model(tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]):
+def test_cli_make_tiny_writes_the_seeded_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert main(["model", "make-tiny", str(tmp_path / "m"), "--seed", "3"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "m")
     expected = make_tiny(tmp_path / "expected", seed=3)
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert (tmp_path / "m" / name).read_bytes() == (expected / name).read_bytes()
-    assert main(["model", "make-tiny", str(tmp_path / "bad"), "--hidden", "100",
-                 "--heads", "3"]) == 2
+    assert (
+        main(["model", "make-tiny", str(tmp_path / "bad"), "--hidden", "100", "--heads", "3"]) == 2
+    )
     assert "hidden must be >= 8 and divisible by heads" in capsys.readouterr().err
+
+
+def test_a_run_whose_requests_fail_exits_0_with_the_failures_counted(
+    tmp_path: Path,
+    tiny_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    import dataclasses
+
+    import dynbranch.driver as driver
+
+    real_prepare = driver.prepare
+
+    def on_the_fixture(cfg: ReplayConfig, progress=print):  # the CLI reads the cached BFCL
+        return real_prepare(
+            dataclasses.replace(cfg, workload_options={"root": str(FIXTURE)}), progress
+        )
+
+    monkeypatch.setattr(driver, "prepare", on_the_fixture)
+    out = tmp_path / "run"
+    argv = [
+        "replay",
+        "--engine",
+        "hf",
+        "--model",
+        str(tiny_dir),
+        "--backend",
+        "local",
+        "--requests",
+        "3",
+        "--rate",
+        "5",
+        "--max-model-len",
+        "64",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["completed"], summary["failed"]) == (0, 3)
+    assert summary["errors"] == {"PromptTooLongError": 3}
+    assert summary["engine_config"]["max_model_len"] == 64
+    assert "3 of 3 requests failed: {'PromptTooLongError': 3}" in capsys.readouterr().err
+
+
+@pytest.mark.network
+def test_the_tiny_models_context_holds_every_routing_prompt(tiny_dir: Path):
+    """BFCL's multi-turn router prompts are the workloads' longest (function docs of up to
+    29 k characters): every test record's first router prompt fits the tiny model's context."""
+    from transformers import AutoTokenizer
+
+    from dynbranch.datasets import cache_dir, resolve_data_dir
+    from dynbranch.errors import DataFetchError
+    from dynbranch.models.tiny import MAX_POSITIONS
+    from dynbranch.workload import DataConfig
+    from workloads import get_workload
+    from workloads.routing.template import ROUTER
+
+    workload, data = get_workload("routing"), DataConfig(resolve_data_dir(None), cache_dir())
+    try:  # NOTE: the data `dynbranch replay` reads (fetched once into the cache, as it would)
+        workload.fetch_data(data, lambda _m: None)
+    except DataFetchError as e:
+        pytest.skip(f"PyPI unreachable, cannot fetch the bfcl-eval wheel: {e}")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    records = {r.record.id: r for r in workload.requests(data, 2000, 0, "test")}
+    lengths = [
+        len(
+            tokenizer(
+                ROUTER.render(
+                    {
+                        "functions": r.functions,
+                        "conversation": [{"role": "user", "content": r.record.turns[0]}],
+                    }
+                ).text
+            )["input_ids"]
+        )
+        for r in records.values()
+    ]
+    assert len(lengths) > 400
+    assert 4096 < max(lengths) < MAX_POSITIONS // 2, "the old 4,096 context was too short"

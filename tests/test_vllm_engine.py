@@ -29,6 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from dynbranch.clock import RealClock  # noqa: E402
 from dynbranch.engines import make_engine  # noqa: E402
+from dynbranch.engines.kv_fit import KVCacheTooSmallError  # noqa: E402
 from dynbranch.engines.protocol import (  # noqa: E402
     CANONICAL,
     SPECULATIVE,
@@ -87,13 +88,21 @@ def endless_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("transformers", reason="building the tiny model needs transformers")
     from dynbranch.models.tiny import SUPPRESS_BIAS, make_tiny
 
-    return make_tiny(tmp_path_factory.mktemp("tiny") / "endless-h64", eos_bias=-SUPPRESS_BIAS,
-                     **TINY)
+    return make_tiny(
+        tmp_path_factory.mktemp("tiny") / "endless-h64", eos_bias=-SUPPRESS_BIAS, **TINY
+    )
 
 
 def engine_for(model_dir: Path, clock: RealClock, **kw: Any) -> VLLMEngine:
-    return VLLMEngine(model_dir, clock, "vllm-test", dtype=_dtype(), enforce_eager=True,
-                      kv_cache_memory_bytes=KV_BYTES, **kw)
+    return VLLMEngine(
+        model_dir,
+        clock,
+        "vllm-test",
+        dtype=_dtype(),
+        enforce_eager=True,
+        kv_cache_memory_bytes=KV_BYTES,
+        **kw,
+    )
 
 
 def run_with(model_dir: Path, body: Callable[[VLLMEngine], Awaitable[Any]], **kw: Any) -> Any:
@@ -181,6 +190,20 @@ def test_bad_settings_are_refused(tmp_path: Path):
         VLLMEngine(tmp_path, clock, gpu_memory_utilization=1.5)
 
 
+def test_a_kv_pool_too_small_for_one_sequence_is_refused_before_vllm_starts(tiny_dir: Path):
+    clock = RealClock()
+    engine = VLLMEngine(tiny_dir, clock, "vllm-small", kv_cache_memory_bytes=1 << 20)
+    with pytest.raises(KVCacheTooSmallError) as caught:
+        clock.run(engine.start())
+    # 2 layers x 1 KV head x 64 x 2 (K, V) x 2 bytes (a float32 checkpoint runs in half)
+    assert caught.value.plan.kv_bytes_per_token == 512
+    assert caught.value.plan.max_model_len == 40_960
+    expected = f"engine vllm-small: {tiny_dir} at max_model_len 40,960 needs 0.02 GiB"
+    assert expected in str(caught.value)
+    assert caught.value.plan.max_fitting_len == 2048
+    assert engine.engine_args["model"] == str(tiny_dir)
+
+
 # -- with vLLM ------------------------------------------------------------------------------
 
 
@@ -207,8 +230,9 @@ def hf_greedy(model_dir: Path, prompt: str, max_tokens: int) -> tuple[str, int, 
     with torch.inference_mode():
         out = model.generate(**inputs, do_sample=False, max_new_tokens=max_tokens)
     ids = out[0, inputs.input_ids.shape[1] :].tolist()
-    text = tokenizer.decode([t for t in ids if t != eos], skip_special_tokens=True,
-                            clean_up_tokenization_spaces=False)
+    text = tokenizer.decode(
+        [t for t in ids if t != eos], skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
     return text, len(ids), "stop" if ids[-1] == eos else "length", inputs.input_ids.shape[1]
 
 
@@ -219,10 +243,13 @@ def test_greedy_equals_transformers_and_deltas_make_the_text(tiny_dir: Path):
     reference = [hf_greedy(tiny_dir, p, 24) for p in PROMPTS]
 
     async def body(engine: VLLMEngine) -> tuple[list[list[GenerateChunk]], list[GenerateResult]]:
-        streams = [[c async for c in engine.generate_stream(GenerateRequest(f"s{i}", p, 24))]
-                   for i, p in enumerate(PROMPTS)]
+        streams = [
+            [c async for c in engine.generate_stream(GenerateRequest(f"s{i}", p, 24))]
+            for i, p in enumerate(PROMPTS)
+        ]
         batched = await asyncio.gather(
-            *(engine.generate(GenerateRequest(f"b{i}", p, 24)) for i, p in enumerate(PROMPTS)))
+            *(engine.generate(GenerateRequest(f"b{i}", p, 24)) for i, p in enumerate(PROMPTS))
+        )
         return streams, list(batched)
 
     streams, batched = run_with(tiny_dir, body)
@@ -256,7 +283,8 @@ def test_prefix_cache_is_scoped_by_cache_salt_and_a_too_long_prompt_is_refused(t
         assert await engine.abort("long") is False
         return results
 
-    first, again, other = run_with(tiny_dir, body)
+    # NOTE: the tiny model's own context (40,960) holds the long prompt; 4,096 does not.
+    first, again, other = run_with(tiny_dir, body, max_model_len=4096)
     assert first.cached_prompt_tokens == 0 and other.cached_prompt_tokens == 0
     assert 0 < again.cached_prompt_tokens <= again.prompt_tokens
     assert outcome(first) == outcome(again) == outcome(other)
@@ -294,9 +322,11 @@ def test_abort_waiting_and_running_cancel_and_priority(endless_dir: Path):
         # Priority: behind a running head, the canonical call is scheduled before the fills.
         head = engine.generate_stream(GenerateRequest("head", PROMPTS[0], HELD))
         seen = [await first_chunk(head)]
-        later = [GenerateRequest("spec-1", "Hi", 2, priority=SPECULATIVE),
-                 GenerateRequest("spec-2", "Hi", 2, priority=SPECULATIVE),
-                 GenerateRequest("canon", "Hi", 2, priority=CANONICAL)]
+        later = [
+            GenerateRequest("spec-1", "Hi", 2, priority=SPECULATIVE),
+            GenerateRequest("spec-2", "Hi", 2, priority=SPECULATIVE),
+            GenerateRequest("canon", "Hi", 2, priority=CANONICAL),
+        ]
         pending = []
         for r in later:  # one by one, so vLLM sees them arrive in this order
             pending.append(asyncio.ensure_future(engine.generate(r)))
@@ -304,8 +334,10 @@ def test_abort_waiting_and_running_cancel_and_priority(endless_dir: Path):
             await until(lambda: engine.load().waiting == queued)  # noqa: B023
         assert await engine.abort("head")
         await drain(head, seen)
-        out["order"] = [r.request_id for r in sorted(await asyncio.gather(*pending),
-                                                     key=lambda r: r.first_token_at)]
+        out["order"] = [
+            r.request_id
+            for r in sorted(await asyncio.gather(*pending), key=lambda r: r.first_token_at)
+        ]
         return out
 
     out = run_with(endless_dir, body, max_num_seqs=1)
@@ -320,9 +352,11 @@ def test_abort_waiting_and_running_cancel_and_priority(endless_dir: Path):
 @needs_vllm
 def test_load_snapshot_then_shutdown_aborts_calls_in_flight(endless_dir: Path):
     async def body(engine: VLLMEngine) -> None:
-        requests = [GenerateRequest("canon", PROMPTS[2], HELD),
-                    GenerateRequest("spec", PROMPTS[1], HELD, priority=SPECULATIVE),
-                    GenerateRequest("spec-waiting", "Hi", HELD, priority=SPECULATIVE)]
+        requests = [
+            GenerateRequest("canon", PROMPTS[2], HELD),
+            GenerateRequest("spec", PROMPTS[1], HELD, priority=SPECULATIVE),
+            GenerateRequest("spec-waiting", "Hi", HELD, priority=SPECULATIVE),
+        ]
         streams = [engine.generate_stream(r) for r in requests]
         seen = [[await first_chunk(s)] for s in streams[:2]]
         waiting = asyncio.ensure_future(anext(streams[2]))

@@ -88,7 +88,9 @@ class RayBackend(Backend):
     def _bundles(self) -> list[dict[str, float]]:
         bundles = []
         for spec in self._roles.values():
-            share = {"GPU": 1.0} if spec.kind in GPU_ENGINES else {"CPU": CPU_PER_SIM_ENGINE}
+            # NOTE: a tensor-parallel engine holds all its GPUs in one actor (one bundle).
+            gpus = float(spec.config.tensor_parallel_size if spec.config else 1)
+            share = {"GPU": gpus} if spec.kind in GPU_ENGINES else {"CPU": CPU_PER_SIM_ENGINE}
             bundles += [{ENGINE_RESOURCE: 1.0, **share} for _ in range(spec.workers)]
         return bundles
 
@@ -121,7 +123,7 @@ class RayBackend(Backend):
                     resources={ENGINE_RESOURCE: 1.0}, max_concurrency=10_000,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         self._pg, placement_group_bundle_index=index),
-                ).remote(spec.kind, spec.model_path or spec.profile, engine_id)
+                ).remote(spec.kind, spec.model_path or spec.profile, engine_id, spec.config)
                 self._actors.append(actor)
                 clients.append(RayEngineClient(actor, engine_id))
                 index += 1

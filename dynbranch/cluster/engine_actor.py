@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from dynbranch.clock import RealClock
+from dynbranch.engines.config import EngineConfig
 from dynbranch.engines.protocol import (
     GenerateChunk,
     GenerateRequest,
@@ -20,18 +21,30 @@ from dynbranch.engines.protocol import (
 
 
 class EngineActor:
-    """Hosts one engine; the engine's clock is the actor's real clock."""
+    """Hosts one engine; the engine's clock is the actor's real clock.
 
-    def __init__(self, kind: str, profile: str, engine_id: str) -> None:
+    ``profile`` is a sim profile, or a real engine's model directory or hub id (resolved on
+    the actor's node, into that node's Hugging Face cache); ``config`` tunes a real engine.
+    """
+
+    def __init__(
+        self, kind: str, profile: str, engine_id: str, config: EngineConfig | None = None
+    ) -> None:
         self.kind, self.profile, self.engine_id = kind, profile, engine_id
+        self.config = config
         self._engine = None
 
     async def start(self) -> str:
         """Build and start the engine inside the actor's loop; returns its id."""
         from dynbranch.engines import make_engine
 
-        self._engine = make_engine(self.kind, profile=self.profile, clock=RealClock(),
-                                   engine_id=self.engine_id)
+        self._engine = make_engine(
+            self.kind,
+            profile=self.profile,
+            clock=RealClock(),
+            engine_id=self.engine_id,
+            config=self.config,
+        )
         await self._engine.start()
         return self.engine_id
 

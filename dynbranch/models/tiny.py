@@ -21,6 +21,12 @@ behave like a (nonsensical) chat model instead, without touching the architectur
   ``max_tokens`` (finish reason ``length``), as a real model's can; a large negative
   ``eos_bias`` makes a model that never stops, which tests use to hold requests running.
 
+The context (``max_positions``, default :data:`MAX_POSITIONS` = 40,960 tokens, Qwen3's own)
+holds the workloads' longest prompts under this tokenizer: its 512-token vocabulary spends
+about 1.7 characters per token, so a BFCL multi-turn router prompt (function docs of up to
+29 k characters) takes up to 17 k tokens. The positions cost nothing until used: rotary
+embeddings have no learned table, and the engines size KV by the tokens actually held.
+
 Run ``python -m dynbranch.models.tiny OUT_DIR [--seed N]`` to write one.
 """
 
@@ -42,6 +48,8 @@ IM_START_TOKEN = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"
 """Ends a chat turn: the token greedy decoding stops on."""
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START_TOKEN, EOS_TOKEN)
+MAX_POSITIONS = 40_960
+"""The default context of a tiny model, in tokens (Qwen3's ``max_position_embeddings``)."""
 
 BIAS_DIM = 0
 """The residual dimension that carries the constant 1 (see the module doc)."""
@@ -117,7 +125,7 @@ class TinySpec:
     layers: int = 2
     heads: int = 4
     kv_heads: int = 2
-    max_positions: int = 4096
+    max_positions: int = MAX_POSITIONS
     eos_bias: float = 2.0
 
     def __post_init__(self) -> None:
@@ -130,6 +138,8 @@ class TinySpec:
             raise ValueError(
                 f"hidden must be >= 8 and divisible by heads; got {self.hidden}, {self.heads}"
             )
+        if self.max_positions < 16:
+            raise ValueError(f"max_positions must be >= 16, got {self.max_positions}")
         if self.layers < 1 or self.kv_heads < 1 or self.heads % self.kv_heads:
             raise ValueError(
                 f"need layers >= 1 and heads divisible by kv_heads; got layers={self.layers}, "
@@ -151,9 +161,10 @@ def make_tiny(
     heads: int = 4,
     kv_heads: int = 2,
     eos_bias: float = 2.0,
+    max_positions: int = MAX_POSITIONS,
 ) -> Path:
     """Write a tiny Qwen3 model (config, safetensors weights, tokenizer) to ``out_dir``."""
-    spec = TinySpec(seed, vocab_size, hidden, layers, heads, kv_heads, eos_bias=eos_bias)
+    spec = TinySpec(seed, vocab_size, hidden, layers, heads, kv_heads, max_positions, eos_bias)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(spec.vocab_size, spec.max_positions)
@@ -163,7 +174,7 @@ def make_tiny(
     return out
 
 
-def train_tokenizer(vocab_size: int, max_length: int = 4096) -> PreTrainedTokenizerFast:
+def train_tokenizer(vocab_size: int, max_length: int = MAX_POSITIONS) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on :data:`CORPUS`; every byte string round-trips."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
