@@ -60,7 +60,7 @@ def test_same_seed_on_the_virtual_clock_gives_an_identical_stage_log(tmp_path):
 
 @pytest.mark.parametrize("kw,error,match", [
     ({"workload": "chess"}, UnknownNameError, "known workloads: .*routing"),
-    ({"arm": "magic"}, UnknownNameError, "known arms: c1, c2, dsp, floor, full, helium, instcache, parrot, spagent"),
+    ({"arm": "magic"}, UnknownNameError, "known arms: c1, c2, dsp, floor, full, helium, instcache, oracle, parrot, spagent"),
     ({"arm": "magic"}, UnknownNameError, "unknown arm 'magic'"),
     ({"engine": "tpu"}, UnknownNameError, "unknown engine 'tpu'"),
     ({"backend": "ray", "clock": "virtual"}, ConfigError, "virtual clock runs in one process"),
