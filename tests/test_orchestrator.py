@@ -130,3 +130,32 @@ def test_latency_after_a_human_wait_counts_from_the_click():
     assert hci.measured_from == pytest.approx(pick.end)
     assert hci.latency == pytest.approx(hci.end - pick.end)
     assert plain.measured_from is None and plain.latency == pytest.approx(plain.end)
+
+
+# -- placement ------------------------------------------------------------------------------
+
+
+def _call(prompt, session, priority=0):
+    from dynbranch.engines.protocol import GenerateRequest
+
+    return GenerateRequest(f"{session}/x", prompt, 8, priority=priority, cache_salt="t",
+                           session=session)
+
+
+def test_affinity_placement_follows_the_prompt_and_keeps_fills_off_the_requests_engine():
+    from dynbranch.runtime.affinity import AffinityPlacement
+
+    policy = AffinityPlacement()
+    head = "system prompt and function documents " * 40
+    first = policy.choose([0, 0, 0, 0], _call(head + "user: a", "r1"))
+    assert first == 0  # nothing cached yet: the least loaded, lowest index
+    # the request's next prompt extends its first: it stays although engine 0 is busier
+    assert policy.choose([2, 0, 0, 0], _call(head + "user: a\nassistant: b", "r1")) == 0
+    # a new request sharing the head lands where the head is cached
+    assert policy.choose([1, 0, 0, 0], _call(head + "user: c", "r2")) == 0
+    # a fill of r1 goes to the least loaded engine other than r1's
+    assert policy.choose([0, 3, 1, 2], _call(head + "fill", "r1", priority=1)) == 2
+    # past the load guard affinity yields: of the idle engines, the one the fill warmed with
+    # the head (engine 2) matches the prompt best
+    assert policy.choose([9, 0, 0, 0], _call(head + "user: a\nassistant: b\nuser: d",
+                                             "r1")) == 2

@@ -11,7 +11,7 @@ from dynbranch.fill import BranchHook, FillPolicy, NoSpeculation, Speculator, To
 from dynbranch.gate.priced import PricedPolicy
 from dynbranch.predictors import make_predictor
 from dynbranch.reuse.hook import NoReuse, ReuseHook
-from dynbranch.runtime.placement import SessionAffinity
+from dynbranch.runtime.affinity import AffinityPlacement
 from dynbranch.runtime.run import RunContext
 
 
@@ -43,10 +43,10 @@ def speculator(run: RunContext, reuse: ReuseHook) -> BranchHook:
 
 
 FLOOR = Arm("floor", "no cross-request reuse, no speculation (the reference)",
-            NoReuse, NoSpeculation, SessionAffinity)
+            NoReuse, NoSpeculation, AffinityPlacement)
 C1 = Arm("c1", "cross-request exact subgraph reuse with read-set freshness, no fills",
-         c1_reuse, NoSpeculation, SessionAffinity)
+         c1_reuse, NoSpeculation, AffinityPlacement)
 C2 = Arm("c2", "early fill of predicted candidates, promoted within the request only",
-         request_scoped_reuse, speculator, SessionAffinity)
+         request_scoped_reuse, speculator, AffinityPlacement)
 FULL = Arm("full", "C1 reuse and C2 early fill together", c1_reuse, speculator,
-           SessionAffinity)
+           AffinityPlacement)

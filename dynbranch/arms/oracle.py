@@ -25,7 +25,7 @@ from dynbranch.baselines.offline import precompute
 from dynbranch.fill import BranchHook, Speculator
 from dynbranch.predictors import BranchContext, Predictor
 from dynbranch.reuse.hook import ReuseHook
-from dynbranch.runtime.placement import SessionAffinity
+from dynbranch.runtime.affinity import AffinityPlacement
 from dynbranch.runtime.run import RunContext
 from dynbranch.workload import DataConfig, Workload
 
@@ -104,4 +104,4 @@ def oracle_branch(run: RunContext, reuse: ReuseHook) -> BranchHook:
 
 
 ORACLE = Arm("oracle", ORACLE_DESCRIPTION, request_scoped_reuse, oracle_branch,
-             SessionAffinity)
+             AffinityPlacement)

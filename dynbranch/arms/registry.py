@@ -7,14 +7,14 @@ from dynbranch.arms.dynbranch_arms import C1, C2, FLOOR, FULL
 from dynbranch.arms.oracle import ORACLE
 from dynbranch.baselines import dsp_arm, helium_arm, instcache_arm, parrot_arm, spagent_arm
 from dynbranch.errors import NotBuiltError, UnknownNameError
-from dynbranch.runtime.placement import SessionAffinity
+from dynbranch.runtime.affinity import AffinityPlacement
 
 BUILT: dict[str, Arm] = {
     "floor": FLOOR,
     "c1": C1,
     "c2": C2,
     "full": FULL,
-    "instcache": instcache_arm(SessionAffinity),  # the floor's placement: only hits change
+    "instcache": instcache_arm(AffinityPlacement),  # the floor's placement: only hits change
     "helium": helium_arm(),
     "parrot": parrot_arm(),
     "dsp": dsp_arm(),

@@ -55,8 +55,8 @@ in the decision, and nothing is reused across requests.
   (``FillContext.branch`` raises), so ``k`` counts the stages up to it; nothing here
   speculates a second decision.
 * *Request-scoped shadows* (``StoreReuseHook(cross_request=False)``): a fill is promotable
-  within its own request only, nothing is reused across requests; session-affinity
-  placement, as the floor.
+  within its own request only, nothing is reused across requests; the floor's placement
+  (:class:`~dynbranch.runtime.affinity.AffinityPlacement`).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ from dynbranch.fill import (
 )
 from dynbranch.predictors import make_predictor
 from dynbranch.reuse.hook import ReuseHook
-from dynbranch.runtime.placement import SessionAffinity
+from dynbranch.runtime.affinity import AffinityPlacement
 from dynbranch.runtime.run import DEFAULT_DEPTH, RunContext
 from dynbranch.workflow import BranchCoordinate
 
@@ -293,4 +293,4 @@ def dsp_branch(run: RunContext, reuse: ReuseHook) -> BranchHook:
 
 def dsp_arm() -> Arm:
     """The ``dsp`` arm."""
-    return Arm("dsp", DSP_DESCRIPTION, dsp_reuse, dsp_branch, SessionAffinity)
+    return Arm("dsp", DSP_DESCRIPTION, dsp_reuse, dsp_branch, AffinityPlacement)

@@ -46,7 +46,7 @@ speculative requests yield to normal ones.
   run's fill depth. On Sub-Agent the plan branch has an open vocabulary the workload's
   default predictor cannot rank, so no fill is ever proposed there (as for ``c2``) and
   the arm runs as the floor.
-* Session-affinity placement, as the floor.
+* The floor's placement (:class:`~dynbranch.runtime.affinity.AffinityPlacement`).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from dynbranch.fill import (
 )
 from dynbranch.predictors import make_predictor
 from dynbranch.reuse.hook import ReuseHook
-from dynbranch.runtime.placement import SessionAffinity
+from dynbranch.runtime.affinity import AffinityPlacement
 from dynbranch.runtime.run import RunContext
 from dynbranch.runtime.stage import StageCall
 
@@ -123,8 +123,8 @@ class LoadThrottle:
     def headroom(self, loads: Sequence[LoadSnapshot]) -> Headroom:
         """Read ``loads``; no engines (nothing to run a fill on) admits nothing.
 
-        NOTE: the least loaded engine, because that is where the floor's session-affinity
-        placement sends a fill (the least loaded engine other than the request's home).
+        NOTE: the least loaded engine, because that is where the floor's placement sends a
+        fill (the least loaded engine other than the one serving the request).
         ``loads`` holds every engine ``session.loads()`` reports; in our runs that is the
         ``target`` role only.
         """
@@ -199,4 +199,4 @@ def spagent_branch(run: RunContext, reuse: ReuseHook) -> BranchHook:
 
 def spagent_arm() -> Arm:
     """The ``spagent`` arm."""
-    return Arm("spagent", SPAGENT_DESCRIPTION, spagent_reuse, spagent_branch, SessionAffinity)
+    return Arm("spagent", SPAGENT_DESCRIPTION, spagent_reuse, spagent_branch, AffinityPlacement)

@@ -189,46 +189,48 @@ class PrefixAffinity(PlacementPolicy):
 
 
 class AffinityPlacement(PlacementPolicy):
-    """Session affinity whose homes are chosen by prefix affinity, within a load guard.
+    """Prefix affinity for canonical calls, with fills kept off the request's engine.
 
-    A request's canonical calls stay on its home engine unless home has more than ``slack``
-    open calls beyond the least loaded engine; a request without a home (its first call, or
-    after that guard) gets the engine :class:`PrefixAffinity` picks for the prompt (the
-    longest cached prefix within its own load guard, else the least loaded). Speculative
-    calls (fills) go to the least loaded engine other than the request's home, so they
-    overlap the request's own decoding instead of slowing it. Every call's prompt is
-    remembered on the engine it went to, so later matches see it.
+    Every canonical call goes where :class:`PrefixAffinity` sends its prompt: the engine
+    holding its longest cached prefix within a load guard, else the least loaded. A
+    request's consecutive prompts extend each other, so this keeps a request on the engine
+    that holds its conversation (session affinity falls out of the prefix match), and a new
+    request lands where an earlier one left the prompt head they share (affinity across
+    requests, which a session-only policy misses). Speculative calls (fills) go to the least
+    loaded engine other than the one the request's last canonical call used, so they overlap
+    the request's own decoding instead of slowing it. Every call's prompt is remembered on
+    the engine it went to.
+
+    NOTE: measured on 150 Routing requests at 2 req/s (virtual clock, ``qwen3-32b@h200``),
+    ``full`` with sticky session homes ran at 2.330 s mean, with homes chosen by prefix
+    2.224 s, and with prefix affinity on every canonical call (this policy) 2.203 s — level
+    with Helium⁺'s 2.204 s, whose placement sends fills by prefix too (2.193 s mean but
+    8.3 s p99 against this policy's 7.9 s).
     """
 
     name = "affinity"
 
-    def __init__(self, slack: int = 2, config: AffinityConfig | None = None,
+    def __init__(self, config: AffinityConfig | None = None,
                  max_sessions: int = 65_536) -> None:
-        self.slack, self.max_sessions = slack, max_sessions
+        self.max_sessions = max_sessions
         self.prefix = PrefixAffinity(config)
-        self._home: OrderedDict[str, int] = OrderedDict()
+        self._last: OrderedDict[str, int] = OrderedDict()
 
     def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
-        n = len(outstanding)
-        prefix = self.prefix
-        keys = prefix.block_keys(request.prompt, request.cache_salt)
-        home = self._home.get(request.session) if request.session else None
-        if home is not None and home >= n:
-            home = None
+        keys = self.prefix.block_keys(request.prompt, request.cache_salt)
         if request.priority > CANONICAL:
-            others = [i for i in range(n) if i != home] or list(range(n))
+            last = self._last.get(request.session) if request.session else None
+            others = [i for i in range(len(outstanding)) if i != last] or list(
+                range(len(outstanding)))
             chosen = min(others, key=lambda i: (outstanding[i], i))
         else:
-            least = least_outstanding(outstanding)
-            if home is None or outstanding[home] > outstanding[least] + self.slack:
-                home = prefix.decide(outstanding, keys)
-            chosen = home
+            chosen = self.prefix.decide(outstanding, keys)
             if request.session:
-                self._home[request.session] = home
-                self._home.move_to_end(request.session)
-                if len(self._home) > self.max_sessions:
-                    self._home.popitem(last=False)
-        prefix.remember(chosen, keys)
+                self._last[request.session] = chosen
+                self._last.move_to_end(request.session)
+                if len(self._last) > self.max_sessions:
+                    self._last.popitem(last=False)
+        self.prefix.remember(chosen, keys)
         return chosen
 
     def stats(self) -> dict[str, int]:
