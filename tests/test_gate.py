@@ -567,3 +567,9 @@ def test_gate_sources_import_no_event_loop_ray_or_vllm():
             else:
                 continue
             assert not roots & {"asyncio", "ray", "vllm", "time"}, f"{path.name}: {roots}"
+
+
+def test_the_gates_default_fanout_is_the_runs():
+    from dynbranch.runtime.run import DEFAULT_FANOUT, FillOptions
+
+    assert GateConfig().fanout == DEFAULT_FANOUT == FillOptions().fanout

@@ -101,7 +101,9 @@ class GateConfig:
 
     policy: str = "priced"
     p_star: float = 0.5  # fixed_threshold and priced_a0_fixed only
-    fanout: int = 3  # K: most fills one branch entry may admit
+    # NOTE: K, the most fills one branch entry may admit; a run passes its FillOptions.fanout,
+    # and this default equals dynbranch.runtime.run.DEFAULT_FANOUT (a test keeps them equal).
+    fanout: int = 2
     kv_budget_blocks: int | None = None  # global reservation capacity (None: the budget's)
     branch_kv_blocks: int | None = None  # per branch entry (None: no cap below the global)
     audit_rate: float = 0.02  # Action 1: chance a refused candidate is admitted anyway
