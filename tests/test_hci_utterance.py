@@ -26,7 +26,7 @@ from dynbranch.errors import ConfigError, DataMissingError
 from dynbranch.reuse.names import key_for, reuse_name
 from dynbranch.workload import DataConfig
 from tests.test_hci import FIXTURE, NO_CACHE, FillSpy, Refused, fixture_requests, run
-from workloads.hci import TEMPLATE, HCIRequest, HCIWorkload, ServiceVersions
+from workloads.hci import TEMPLATE, HCIRequest, HCIWorkload, ServiceVersions, overlap_share
 from workloads.hci.decode import DIALOGUE_TURN, HCI_DECODE
 
 BLOCK = 16  # the sim profile's KV block size (prefix caching matches whole blocks)
@@ -198,6 +198,27 @@ def test_the_floors_reply_finds_the_offers_prompt_cached(tmp_path):
         assert respond.engine == offer.engine
         assert respond.cached_prompt_tokens >= offer.prompt_tokens // BLOCK * BLOCK
         assert respond.cached_prompt_tokens < respond.prompt_tokens
+
+
+def test_the_fillable_overlap_counts_only_what_a_fill_can_run():
+    rows = [  # request, stage, start, end, speculative
+        ("a", "offer", 0.0, 1.0, False),
+        ("a", "pick", 1.0, 4.0, False),
+        ("a", "lookup", 4.0, 4.1, False),
+        ("a", "respond", 4.1, 9.0, False),
+        ("b", "offer", 0.0, 1.0, False),
+        ("b", "pick", 1.0, 1.5, False),
+        ("b", "lookup", 1.5, 1.6, False),
+        ("b", "respond", 1.6, 3.0, False),
+        ("b", "lookup", 0.2, 0.3, True),  # a fill: not on the critical path
+    ]
+    frame = pd.DataFrame(rows, columns=["request_id", "stage", "start", "end", "speculative"])
+    gross = overlap_share(frame)
+    assert gross.overlap_s == pytest.approx(3.0 + 0.5)  # min(think, post-click) per request
+    fill = overlap_share(frame, fillable=("lookup",), extra_s={"a": 0.05, "b": 1.0})
+    assert fill.overlap_s == pytest.approx((0.1 + 0.05) + min(0.5, 0.1 + 1.0))
+    assert fill.exec_s == gross.exec_s == pytest.approx(5.0 + 1.5)
+    assert fill.post_click_share == pytest.approx(0.65 / 6.5)
 
 
 # -- the real data set (skipped without it) ---------------------------------------------------
