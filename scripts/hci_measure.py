@@ -55,7 +55,7 @@ class WarmupAtHome(SessionAffinity):
 
 def replay(out: Path, rate: float, n: int, arm: str, home: bool = False, **kw) -> dict:
     """One replay; its summary with the respond rows' serving and cached tokens."""
-    options = {"prefix_warmup": kw.pop("warmup", True)}
+    options = {"prefix_warmup": kw.pop("warmup", False)}
     cfg = ReplayConfig(
         workload="hci",
         arm=arm,
@@ -145,10 +145,10 @@ VARIANTS = {  # name: (arm, options)
     "c1": ("c1", {}),
     "full": ("full", {}),
     "c2": ("c2", {}),
-    "c2-no-warmup": ("c2", {"warmup": False}),
+    "c2-warmup": ("c2", {"warmup": True}),
     "c2-topk": ("c2", {"gate": "topk", "fanout": 2}),
-    "c2-topk-no-warmup": ("c2", {"gate": "topk", "fanout": 2, "warmup": False}),
-    "c2-topk-warm-home": ("c2", {"gate": "topk", "fanout": 2, "home": True}),
+    "c2-topk-warmup": ("c2", {"gate": "topk", "fanout": 2, "warmup": True}),
+    "c2-topk-warmup-home": ("c2", {"gate": "topk", "fanout": 2, "warmup": True, "home": True}),
 }
 
 

@@ -562,7 +562,7 @@ def speculate(request: HCIRequest, point, candidate) -> FillSpy:
 
 
 def test_a_fill_renders_the_canonical_lookup_and_the_replys_known_prefix():
-    request = by_pair(fixture_requests(), "9_00004.t01.Cafes_9")
+    request = by_pair(fixture_requests(prefix_warmup=True), "9_00004.t01.Cafes_9")
     ctx, _ = run(request)
     ((point, _),) = ctx.branches
     lookup, respond = (r for r in ctx.rendered if r.stage in ("lookup", "respond"))

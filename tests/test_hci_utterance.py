@@ -56,7 +56,13 @@ def with_utterance(request: HCIRequest, utterance: str) -> HCIRequest:
     """The same request, except for what the user said with the pick."""
     episode = dataclasses.replace(request.episode, utterance=utterance)
     return HCIRequest(
-        request.request_id, episode, request.db, ServiceVersions(), 0, decode=request.decode
+        request.request_id,
+        episode,
+        request.db,
+        ServiceVersions(),
+        0,
+        decode=request.decode,
+        prefix_warmup=request.prefix_warmup,
     )
 
 
@@ -85,7 +91,9 @@ def assert_no_fill_renders_the_reply(request: HCIRequest) -> int:
 
 
 def test_no_fill_renders_the_reply_on_any_fixture_episode():
-    requests = fixture_requests("train") + fixture_requests("test")
+    requests = fixture_requests("train", prefix_warmup=True) + fixture_requests(
+        "test", prefix_warmup=True
+    )
     assert len(requests) == 6
     checked = sum(assert_no_fill_renders_the_reply(r) for r in requests)
     # a lookup and a warm-up per candidate; a booking's fill is refused at its lookup
@@ -107,17 +115,26 @@ def test_the_warmup_prompt_is_a_token_prefix_of_the_reply():
         assert tokens[: len(prefix)] == prefix and len(prefix) < len(tokens)
 
 
-def test_prefix_warmup_can_be_turned_off():
+def test_the_prefix_warmup_is_an_option_off_by_default():
     request = next(r for r in fixture_requests() if not r.episode.booking)
     ctx, _ = run(request)
     ((point, _),) = ctx.branches
-    lookup_only = HCIRequest(
-        request.request_id, request.episode, request.db, ServiceVersions(), 0, prefix_warmup=False
-    )
-    spy = FillSpy(lookup_only)
-    asyncio.run(lookup_only.speculate(spy, point, request.chosen))
-    assert [r.stage for r in spy.rendered] == ["lookup"]
-    assert HCIWorkload(root=FIXTURE, prefix_warmup=False).prefix_warmup is False
+    renders = {}
+    for warmup in (False, True):
+        twin = HCIRequest(
+            request.request_id,
+            request.episode,
+            request.db,
+            ServiceVersions(),
+            0,
+            prefix_warmup=warmup,
+        )
+        spy = FillSpy(twin)
+        asyncio.run(twin.speculate(spy, point, request.chosen))
+        renders[warmup] = [r.stage for r in spy.rendered]
+    assert renders == {False: ["lookup"], True: ["lookup", "respond_prefix"]}
+    assert request.prefix_warmup is False and HCIWorkload().prefix_warmup is False
+    assert HCIWorkload(root=FIXTURE, prefix_warmup=True).prefix_warmup is True
     with pytest.raises(ConfigError, match="prefix_warmup"):
         HCIWorkload(root=FIXTURE, prefix_warmup="no")
 
@@ -165,7 +182,7 @@ def c2_fixture_replay(tmp_path, **options) -> tuple[dict, pd.DataFrame]:
 
 
 def test_c2_never_serves_the_reply_from_a_fill(tmp_path):
-    summary, stages = c2_fixture_replay(tmp_path)
+    summary, stages = c2_fixture_replay(tmp_path, prefix_warmup=True)
     assert (summary["completed"], summary["failed"], summary["accuracy"]) == (8, 0, 1.0)
     assert summary["unsafe_splices"] == 0 and summary["fills_issued"] > 0
     respond = stages[stages.stage == "respond"]
@@ -235,7 +252,8 @@ def sgd() -> tuple[HCIWorkload, DataConfig]:
 
 
 def test_no_fill_renders_the_reply_on_a_sample_of_real_episodes(sgd):
-    workload, data = sgd
+    _, data = sgd
+    workload = HCIWorkload(prefix_warmup=True)  # the warm-up renders the most a fill can
     sample = [r for split in ("train", "test") for r in workload.requests(data, 150, 0, split)]
     asks = sum(r.episode.utterance.rstrip().endswith("?") for r in sample)
     checked = sum(assert_no_fill_renders_the_reply(r) for r in sample)

@@ -6,9 +6,9 @@ a human stage of the request's paired think time) and resolves it with the recor
 and the user's pick-turn utterance. Latency counts from the click.
 
 Early fill (:meth:`HCIRequest.speculate`) runs, for a predicted pick during the think time,
-what does not read the utterance: the lookup, and ``respond_prefix``, a one-token warm-up
-whose prompt is ``respond``'s prompt up to the utterance, so a prefix-caching engine holds
-that prefix when the canonical reply arrives. ``respond`` itself is never filled: its input
+what does not read the utterance: the lookup and, with ``prefix_warmup``,
+``respond_prefix``, a one-token warm-up whose prompt is ``respond``'s prompt up to the
+utterance, so a prefix-caching engine holds that prefix when the canonical reply arrives. ``respond`` itself is never filled: its input
 names the utterance, which no branch-time evidence holds, so a fill cannot render its
 reuse name (value equivalence: the reply's value comes only from its own execution).
 
@@ -80,6 +80,12 @@ class HCIRequest(RequestInstance):
     (:data:`~workloads.hci.decode.HCI_DECODE`, or
     :data:`~dynbranch.decode_lengths.RECORDED` for the trace's text alone);
     ``prefix_warmup`` whether a fill runs ``respond_prefix`` after its lookup.
+
+    NOTE: the warm-up is off by default because it does not pay here (measured with
+    ``scripts/hci_measure.py``): ``respond``'s prompt extends ``offer``'s, so the home
+    engine already caches ~78 % of it and a warm-up could take over ~4 ms of prefill; and
+    session affinity places fills off home, where a warm-up caches nothing the reply uses
+    and adds prefill contention (+1.8 % mean latency with ungated fills at 1 req/s).
     """
 
     template = TEMPLATE
@@ -95,7 +101,7 @@ class HCIRequest(RequestInstance):
         think: ThinkTime | None = None,
         tool_time: str = "modelled",
         decode: DecodeModel = HCI_DECODE,
-        prefix_warmup: bool = True,
+        prefix_warmup: bool = False,
     ) -> None:
         self.request_id, self.episode, self.db, self.decode = request_id, episode, db, decode
         self.prefix_warmup = prefix_warmup

@@ -73,7 +73,8 @@ class HCIWorkload(Workload):
     ``think_sigma`` (the log-normal think time, :mod:`workloads.hci.thinktime`),
     ``decode_lengths`` (``modelled``: the LLM stages decode the reasoning of
     :mod:`workloads.hci.decode`; ``recorded``: the trace's text alone), ``prefix_warmup``
-    (whether a fill warms the reply's prefix after its lookup; off, a fill is the lookup).
+    (whether a fill warms the reply's prefix after its lookup; off, the default, a fill is
+    the lookup: see :class:`~workloads.hci.request.HCIRequest`).
     """
 
     name = "hci"
@@ -87,7 +88,7 @@ class HCIWorkload(Workload):
         think_sigma: float = KLM_RMS_ERROR,
         progress: Callable[[str], None] = print,
         decode_lengths: str = "modelled",
-        prefix_warmup: bool = True,
+        prefix_warmup: bool = False,
     ) -> None:
         self.decode_lengths = check_mode(decode_lengths)
         if not isinstance(prefix_warmup, bool):
