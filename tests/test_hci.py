@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 
 from dynbranch.datasets import require_dataset, resolve_data_dir
+from dynbranch.decode_lengths import decision_of
 from dynbranch.driver import ReplayConfig, prepare, run_replay
 from dynbranch.engines.tokenizer import count_tokens
 from dynbranch.errors import (
@@ -490,6 +491,10 @@ def test_template_declares_the_workflow():
     assert (offer.kind, pick.kind, lookup.kind, respond.kind) == ("llm", "human", "tool", "llm")
     assert respond.speculable and respond.sampling.greedy and lookup.speculable
     assert not pick.speculable and lookup.tool == "sgd"
+    assert respond.inputs[-1] == "utterance"  # the user's words, last (after the prefix)
+    warmup = TEMPLATE.stage("respond_prefix")
+    assert warmup.inputs == respond.inputs[:-1] and warmup.sampling.max_tokens == 1
+    assert respond.prompt.startswith(warmup.prompt) and warmup.prompt.startswith(offer.prompt)
     assert TEMPLATE.subgraphs["next_turn"].children == ("respond",)
     assert HCIRequest.latency_origin == "last_human"
 
@@ -556,17 +561,23 @@ def speculate(request: HCIRequest, point, candidate) -> FillSpy:
     return spy
 
 
-def test_a_fill_renders_the_canonical_lookup_and_reply_inputs():
-    request = by_pair(fixture_requests(), "9_00004.t01.Cafes_9")
+def test_a_fill_renders_the_canonical_lookup_and_the_replys_known_prefix():
+    request = by_pair(fixture_requests(prefix_warmup=True), "9_00004.t01.Cafes_9")
     ctx, _ = run(request)
     ((point, _),) = ctx.branches
-    canonical = [(r.stage, r.input_digest) for r in ctx.rendered if r.stage != "offer"]
+    lookup, respond = (r for r in ctx.rendered if r.stage in ("lookup", "respond"))
     fill = speculate(request, point, request.chosen)
-    assert [(r.stage, r.input_digest) for r in fill.rendered] == canonical
+    assert [r.stage for r in fill.rendered] == ["lookup", "respond_prefix"]
+    assert fill.rendered[0].input_digest == lookup.input_digest
+    warm = fill.rendered[1]
+    assert respond.text.startswith(warm.text) and len(warm.text) < len(respond.text)
+    assert respond.text[len(warm.text) :] == (
+        f"The user said: {request.episode.utterance}\n\nYour next reply:"
+    )
     other = speculate(request, point, "2")  # a pick the user did not make: its own inputs
-    assert [r.stage for r in other.rendered] == ["lookup", "respond"]
+    assert [r.stage for r in other.rendered] == ["lookup", "respond_prefix"]
     assert other.rendered[0].fields["result"] == 2
-    assert not {r.input_digest for r in other.rendered} & {d for _, d in canonical}
+    assert not {r.input_digest for r in other.rendered} & {lookup.input_digest}
     assert speculate(request, point, "9").rendered == []  # not a candidate: nothing
     elsewhere = BranchPoint(BranchCoordinate("hci", "pick", 1), point.candidates)
     assert speculate(request, elsewhere, "1").rendered == []
@@ -580,7 +591,14 @@ def test_a_fill_renders_the_canonical_lookup_and_reply_inputs():
 def test_replay_is_a_pure_function_of_the_rendered_input():
     for request in fixture_requests("train") + fixture_requests("test"):
         ctx, _ = run(request)
-        twin = HCIRequest("hci-99999-twin", request.episode, request.db, ServiceVersions(), 3)
+        twin = HCIRequest(
+            "hci-99999-twin",
+            request.episode,
+            request.db,
+            ServiceVersions(),
+            3,
+            decode=request.decode,
+        )
         for rendered in ctx.rendered:
             expected = request.replay_text(rendered)
             assert request.replay_text(rendered) == expected
@@ -591,25 +609,29 @@ def test_replay_is_a_pure_function_of_the_rendered_input():
 def test_replay_of_off_trace_inputs():
     request = by_pair(fixture_requests(), "9_00004.t01.Cafes_9")
     respond, offer = TEMPLATE.stage("respond"), TEMPLATE.stage("offer")
+    warmup = TEMPLATE.stage("respond_prefix")
     ep = request.episode
-    details = request.tool("sgd").call(request.lookup_values("2")).value
-    other = respond.render(request.respond_values("2", details, ep.offer))
-    text = request.replay_text(other)
-    assert text == request.replay_text(other) and text.startswith("Sure, option 3 it is")
     chosen = request.tool("sgd").call(request.lookup_values("1")).value
-    assert (
-        request.replay_text(respond.render(request.respond_values("1", chosen, ep.offer)))
-        == ep.response
+    recorded = request.replay_text(
+        respond.render(request.respond_values("1", chosen, ep.offer, ep.utterance))
     )
-    assert (
-        request.replay_text(respond.render(request.respond_values("1", chosen, "Another offer.")))
-        is None
-    )
-    assert (
-        request.replay_text(respond.render(request.respond_values("7", chosen, ep.offer))) is None
-    )
+    assert decision_of(recorded) == ep.response and recorded != ep.response  # reasoning first
+    details = request.tool("sgd").call(request.lookup_values("2")).value
+    off_trace = [
+        request.respond_values("2", details, ep.offer, ep.utterance),  # a pick not made
+        request.respond_values("1", chosen, ep.offer, "Something else?"),  # other words
+        request.respond_values("1", chosen, "Another offer.", ep.utterance),
+        request.respond_values("7", chosen, ep.offer, ep.utterance),
+    ]
+    assert [request.replay_text(respond.render(v)) for v in off_trace] == [None] * 4
+    for candidate, value in (("1", chosen), ("2", details)):  # any candidate's warm-up
+        assert (
+            request.replay_text(warmup.render(request.prefix_values(candidate, value, ep.offer)))
+            == ""
+        )
+    assert request.replay_text(warmup.render(request.prefix_values("7", chosen, ep.offer))) is None
     values = request.offer_values()
-    assert request.replay_text(offer.render(values)) == ep.offer
+    assert decision_of(request.replay_text(offer.render(values))) == ep.offer
     assert request.replay_text(offer.render({**values, "menu": []})) is None
 
 
@@ -788,8 +810,12 @@ def test_real_floor_replay_of_thirty_requests(sgd, tmp_path):
     s = result.summary
     assert (s["completed"], s["failed"], s["accuracy"]) == (30, 0, 1.0)
     assert all(r.measured_from is not None for r in result.requests)
-    share = overlap_share(pd.read_parquet(tmp_path / "run" / "stages.parquet"))
-    assert 0 < share.share < 0.5 and share.post_click_share == pytest.approx(1.0)
+    stages = pd.read_parquet(tmp_path / "run" / "stages.parquet")
+    gross, fillable = overlap_share(stages), overlap_share(stages, fillable=("lookup",))
+    # the reply's reasoning mostly outlasts the think time: the gross bound is about it ...
+    assert 0.9 * gross.think_s < gross.overlap_s <= gross.think_s and 0 < gross.share < 0.5
+    # ... but a fill can run only the lookup (the reply reads the user's utterance)
+    assert fillable.overlap_s == pytest.approx(READ_S * 30) and fillable.post_click_share < 0.01
 
 
 def test_real_frequency_predictor_top1_on_the_test_split(sgd):

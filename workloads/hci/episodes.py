@@ -30,8 +30,9 @@ raw files (dev 001–011) can be joined with full menus; of those, a pair is **u
 
 5. the service database has one recorded answer for the lookup (per session if needed).
 
-Everything the user typed beyond the pick is not an input of the next turn: the workload
-models a menu click, and the replayed reply stands for what the system said next.
+The user's pick-turn **utterance** is an input of the next turn: it often asks or tells
+something beyond the pick ("Is it furnished?" → "No, it is not furnished."), and the
+recorded reply answers it. It is known only after the click, never at branch time.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Episode:
     kind: str  # one of KINDS
     booking: bool  # the lookup books the picked entry (mutating) instead of reading it
     response: str  # the recorded next system utterance
+    utterance: str  # the user's pick-turn utterance (known after the click, never evidence)
 
     @property
     def order(self) -> tuple[int, ...]:
@@ -180,6 +182,7 @@ def classify(pair: Pair, data: SGDData, db: ServiceDB) -> Episode | str:
         kind,
         booking,
         nxt.utterance,
+        pair.user_utterance,
     )
 
 

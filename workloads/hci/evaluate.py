@@ -6,16 +6,21 @@
   predictor keeps learning from each test pick *after* ranking it, as it does in a run.
 * :func:`overlap_share` is DESIGN.md §3 eq. (2) for HCI measured on a floor replay's stage
   log: per request, ``min(T_gen, T_exec)`` with ``T_gen`` the user's think time (the human
-  stage) and ``T_exec`` the downstream execution the pick gates (from the click to the end
-  of the request: lookup + respond on the critical path), summed over requests and divided
-  by the summed request wall time (first stage start to last stage end). It is the most of
-  each request's wall time early fill could hide; the same overlap divided by the summed
-  ``T_exec`` is the most of the post-click latency it could hide.
+  stage) and ``T_exec`` the downstream execution the pick gates, summed over requests and
+  divided by the summed request wall time (first stage start to last stage end). It is the
+  most of each request's wall time early fill could hide; the same overlap divided by the
+  summed post-click execution is the most of the post-click latency it could hide.
+  By default ``T_exec`` is everything from the click to the end of the request (the gross
+  bound, as if every downstream stage could be filled). With ``fillable``, ``T_exec`` is
+  only what a fill can run before the click: those stages' canonical durations plus, per
+  request, ``extra_s`` (e.g. the part of the reply's prefill a warm-up can take over). For
+  HCI that is the lookup and the reply's known prefix: the reply itself reads the user's
+  utterance, so no fill can run it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -82,18 +87,25 @@ class OverlapShare:
         return self.overlap_s / self.exec_s if self.exec_s else float("nan")
 
 
-def overlap_share(stages: pd.DataFrame, human_stage: str = "pick") -> OverlapShare:
+def overlap_share(
+    stages: pd.DataFrame,
+    human_stage: str = "pick",
+    fillable: Collection[str] | None = None,
+    extra_s: Mapping[str, float] | None = None,
+) -> OverlapShare:
     """The overlap share of the requests in ``stages`` (a ``stages.parquet`` frame).
 
     Only canonical executions count (``speculative`` false): in a floor replay that is every
     row. Requests without a ``human_stage`` row contribute their wall time and no overlap.
+    ``fillable`` / ``extra_s`` narrow ``T_exec`` to what a fill can run (module docstring);
+    ``exec_s`` still sums the whole post-click execution.
     """
     rows = stages
     if "speculative" in rows.columns:
         rows = rows[~rows["speculative"].astype(bool)]
     think = exec_ = overlap = wall = 0.0
     requests = 0
-    for _, r in rows.groupby("request_id", sort=True):
+    for request_id, r in rows.groupby("request_id", sort=True):
         requests += 1
         wall += float(r["end"].max() - r["start"].min())
         human = r[r["stage"] == human_stage]
@@ -101,7 +113,12 @@ def overlap_share(stages: pd.DataFrame, human_stage: str = "pick") -> OverlapSha
             continue
         t_gen = float((human["end"] - human["start"]).sum())
         click = float(human["end"].max())
-        t_exec = max(0.0, float(r["end"].max()) - click)
-        think, exec_ = think + t_gen, exec_ + t_exec
+        after = max(0.0, float(r["end"].max()) - click)
+        t_exec = after
+        if fillable is not None:
+            hidden = r[r["stage"].isin(list(fillable)) & (r["start"] >= click)]
+            t_exec = float((hidden["end"] - hidden["start"]).sum())
+            t_exec += (extra_s or {}).get(str(request_id), 0.0)
+        think, exec_ = think + t_gen, exec_ + after
         overlap += min(t_gen, t_exec)
     return OverlapShare(requests, think, exec_, overlap, wall)

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynbranch.datasets import require_dataset
-from dynbranch.decode_lengths import check_mode
+from dynbranch.decode_lengths import check_mode, choose
 from dynbranch.errors import ConfigError, DataError
 from dynbranch.workload import DataConfig, Workload
+from workloads.hci.decode import HCI_DECODE
 from workloads.hci.episodes import Episode, Usability, classify_all
 from workloads.hci.request import HCIRequest
 from workloads.hci.services import TOOL_TIMES, ServiceDB, ServiceVersions
@@ -69,7 +70,11 @@ class HCIWorkload(Workload):
 
     Options: ``tool_time`` (``modelled`` or ``measured``), ``root`` (an SGD directory to read
     instead of ``<data dir>/sgd``, e.g. a test fixture), ``think_median_s`` and
-    ``think_sigma`` (the log-normal think time, :mod:`workloads.hci.thinktime`).
+    ``think_sigma`` (the log-normal think time, :mod:`workloads.hci.thinktime`),
+    ``decode_lengths`` (``modelled``: the LLM stages decode the reasoning of
+    :mod:`workloads.hci.decode`; ``recorded``: the trace's text alone), ``prefix_warmup``
+    (whether a fill warms the reply's prefix after its lookup; off, the default, a fill is
+    the lookup: see :class:`~workloads.hci.request.HCIRequest`).
     """
 
     name = "hci"
@@ -83,8 +88,12 @@ class HCIWorkload(Workload):
         think_sigma: float = KLM_RMS_ERROR,
         progress: Callable[[str], None] = print,
         decode_lengths: str = "modelled",
+        prefix_warmup: bool = False,
     ) -> None:
         self.decode_lengths = check_mode(decode_lengths)
+        if not isinstance(prefix_warmup, bool):
+            raise ConfigError(f"hci prefix_warmup {prefix_warmup!r}: true or false")
+        self.prefix_warmup = prefix_warmup
         if tool_time not in TOOL_TIMES:
             raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
         try:
@@ -139,6 +148,7 @@ class HCIWorkload(Workload):
         if not pool and n:
             raise DataError(f"hci: the {split} split of {loaded.data.root} has no usable episodes")
         versions = ServiceVersions()
+        decode = choose(self.decode_lengths, HCI_DECODE)
         return [
             HCIRequest(
                 f"hci-{i:05d}-{ep.pair_id}",
@@ -148,6 +158,8 @@ class HCIWorkload(Workload):
                 seed,
                 self.think,
                 self.tool_time,
+                decode,
+                self.prefix_warmup,
             )
             for i, ep in enumerate(draw(pool, n, seed))
         ]
