@@ -8,7 +8,10 @@ Replay (:meth:`RoutingRequest.replay_text`) is a pure function of the rendered i
 router's position comes from the conversation in its input (which user turn, which calls
 that turn already holds), the handler's from its turn text and calls so far. It answers
 the trace's decision where the input lies on the recorded path, a deterministic plausible
-call for a handler of a function the trace did not call there, and ``None`` elsewhere.
+call for a handler of a function the trace did not call there, and ``None`` elsewhere;
+the request's decode model (:mod:`workloads.routing.decode`) wraps a decision in the
+reasoning a Qwen3 agent decodes before it, and the workflow reads only the decision
+(:func:`~dynbranch.decode_lengths.decision_of`), as an agent framework strips the thinking.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynbranch.decode_lengths import RECORDED, DecodeModel, decision_of
 from dynbranch.errors import ToolCallError
 from dynbranch.predictors.frequency import FEATURES_KEY
 from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
@@ -67,9 +71,10 @@ class RoutingRequest(RequestInstance):
 
     def __init__(
         self, request_id: str, record: Record, suite: ApiSuite | None, tool_time: str = "modelled",
-        shared: tuple[str, ApiState] | None = None,
+        shared: tuple[str, ApiState] | None = None, decode: DecodeModel = RECORDED,
     ) -> None:
         self.request_id, self.record, self._suite = request_id, record, suite
+        self.decode = decode
         self.candidates = (*record.function_names, END_OF_TURN)
         self.functions = [dict(f) for f in record.functions]
         if record.multi_turn and shared is not None:
@@ -77,7 +82,8 @@ class RoutingRequest(RequestInstance):
             self._tool: Tool = ApiTool(request_id, self.state, tool_time, owner=owner)
             self.scope = {"shared": owner, "classes": list(record.classes)}
         elif record.multi_turn:
-            self.state = ApiState(suite, record.classes, record.initial_config)
+            self.state = ApiState(suite, record.classes, record.initial_config,
+                                  record.long_context)
             self._tool = ApiTool(request_id, self.state, tool_time)
             self.scope = None  # rendered per call from the state's lineage
         else:
@@ -93,11 +99,13 @@ class RoutingRequest(RequestInstance):
     async def run(self, ctx: StageContext) -> RoutingOutcome:
         outcome = RoutingOutcome(self.record.id, self.record.category)
         conversation: list[dict[str, Any]] = []
-        for turn in self.record.turns:
+        for t, turn in enumerate(self.record.turns):
             conversation.append({"role": "user", "content": turn})
+            functions = [dict(f) for f in self.record.offered(t)]
             executed: list[ExecutedCall] = []
             for _ in range(MAX_DECISIONS_PER_TURN):
-                chosen = await self._route(ctx, outcome, conversation, turn, executed)
+                chosen = await self._route(ctx, outcome, functions, conversation, turn,
+                                           executed)
                 if not chosen:
                     break
                 so_far = [{"call": c.call, "result": c.value} for c in executed]
@@ -119,6 +127,7 @@ class RoutingRequest(RequestInstance):
         self,
         ctx: StageContext,
         outcome: RoutingOutcome,
+        functions: list[dict[str, Any]],
         conversation: list,
         turn: str,
         executed: list[ExecutedCall],
@@ -128,9 +137,9 @@ class RoutingRequest(RequestInstance):
         self._open[coordinate] = (turn, [{"call": c.call, "result": c.value} for c in executed])
         point = BranchPoint(coordinate, self.candidates, multi_valued=self.record.parallel,
                             evidence=self._evidence(turn, executed))
-        values = {"functions": self.functions, "conversation": list(conversation)}
+        values = {"functions": functions, "conversation": list(conversation)}
         async with ctx.branch(point) as branch:
-            text = await ctx.llm("router", values)
+            text = decision_of(await ctx.llm("router", values))
             chosen = self._parse_route(text, outcome)
             branch.resolve(*(dict.fromkeys(chosen) or (END_OF_TURN,)))
         self._open.pop(coordinate, None)
@@ -163,8 +172,8 @@ class RoutingRequest(RequestInstance):
     async def _handle(
         self, ctx: StageContext, name: str, occurrence: int, turn: str, so_far: list
     ) -> ExecutedCall:
-        call = await ctx.llm("handler", self.handler_values(name, occurrence, turn, so_far))
-        call = call.strip()
+        call = decision_of(
+            await ctx.llm("handler", self.handler_values(name, occurrence, turn, so_far))).strip()
         try:
             value = await ctx.tool("executor", self.executor_values(call))
         except ToolCallError as e:
@@ -221,7 +230,7 @@ class RoutingRequest(RequestInstance):
         values = self.fill_values(point.coordinate, candidate)
         if values is None:
             return
-        call = (await ctx.llm("handler", values)).strip()
+        call = decision_of(await ctx.llm("handler", values)).strip()
         await ctx.tool("executor", self.executor_values(call))
 
     def tool(self, name: str) -> Tool:
@@ -232,6 +241,11 @@ class RoutingRequest(RequestInstance):
     # -- replay -------------------------------------------------------------------------------
 
     def replay_text(self, rendered: RenderedInput) -> str | None:
+        """The modelled output of a router or handler stage: reasoning, then the decision."""
+        decision = self._replay_decision(rendered)
+        return None if decision is None else self.decode.wrap(rendered, decision)
+
+    def _replay_decision(self, rendered: RenderedInput) -> str | None:
         try:
             if rendered.stage == "router":
                 return self._replay_router(rendered.fields)
@@ -242,14 +256,14 @@ class RoutingRequest(RequestInstance):
         return None
 
     def _replay_router(self, fields: Mapping[str, Any]) -> str | None:
-        if list(fields["functions"]) != self.functions:
-            return None
         conversation = list(fields["conversation"])
         users = [i for i, m in enumerate(conversation) if m["role"] == "user"]
         t = len(users) - 1
         if not 0 <= t < len(self.record.turns) or [
             conversation[i]["content"] for i in users
         ] != list(self.record.turns[: t + 1]):
+            return None
+        if list(fields["functions"]) != [dict(f) for f in self.record.offered(t)]:
             return None
         made = [m["content"] for m in conversation[users[-1] + 1 :] if m["role"] == "assistant"]
         expected, names = list(self.record.recorded[t]), self._names[t]
@@ -289,6 +303,10 @@ class RoutingRequest(RequestInstance):
         if self.record.multi_turn:
             return float(self._multi_turn_ok(outcome))
         calls = [c.value for turn in outcome.turns for c in turn]
+        if self.record.irrelevance:
+            return float(not calls)  # BFCL's relevance runner: right iff no call is made
+        if not all(isinstance(c, dict) for c in calls):
+            return 0.0  # a call the executor rejected counts, and matches no answer
         docs = {f["name"]: f for f in self.record.functions}
         return float(matches_answers(docs, calls, self.record.possible_answer))
 
@@ -323,7 +341,7 @@ def ground_truth_run(record: Record, suite: ApiSuite) -> tuple[list[list[Any]], 
 
     A call that raises yields BFCL's ``"Error during execution: ..."`` text as its result.
     """
-    state = ApiState(suite, record.classes, record.initial_config)
+    state = ApiState(suite, record.classes, record.initial_config, record.long_context)
     results, states = [], []
     for calls in record.recorded:
         turn = []
