@@ -15,6 +15,7 @@ order, re-shuffling for every further cycle when ``n`` exceeds the pool. Request
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ from workloads.routing.apis import ApiState
 from workloads.routing.bfcl_data import BFCLData, Record, load_bfcl
 from workloads.routing.bfcl_wheel import bfcl_root, fetch_bfcl
 from workloads.routing.categories import DEFAULT_CATEGORIES, resolve_categories
-from workloads.routing.decode import decode_model
+from workloads.routing.decode import SCALE, decode_model
 from workloads.routing.request import RoutingRequest
 from workloads.routing.template import TEMPLATE
 from workloads.routing.tools import TOOL_TIMES
@@ -59,6 +60,8 @@ class RoutingWorkload(Workload):
     category, BFCL's own default ``all``; a refused one raises
     :class:`~workloads.routing.categories.UnscorableCategoryError`), ``tool_time`` (``modelled`` or
     ``measured``), ``root`` (a BFCL tree to read instead of the cache, e.g. a test fixture)
+    ``decode_scale`` (the decode model's calibration knob, default
+    :data:`~workloads.routing.decode.SCALE`; ``scripts/calibrate_routing_decode.py`` fits it)
     and ``fetch`` (fetch the wheel from PyPI on first use; otherwise a missing tree is a
     :class:`~dynbranch.errors.DataMissingError`). ``shared_state=True`` gives multi-turn
     requests of the same scenario (same classes and initial configuration) ONE workspace
@@ -79,8 +82,12 @@ class RoutingWorkload(Workload):
         progress: Callable[[str], None] = print,
         shared_state: bool = False,
         decode_lengths: str = "modelled",
+        decode_scale: float = SCALE,
     ) -> None:
         self.decode_lengths = check_mode(decode_lengths)
+        if not (decode_scale >= 0 and math.isfinite(decode_scale)):
+            raise ConfigError(f"decode_scale={decode_scale} must be a finite number >= 0")
+        self.decode_scale = float(decode_scale)
         self.shared_state = shared_state
         if isinstance(categories, str):
             categories = categories.split(",")
@@ -138,7 +145,7 @@ class RoutingWorkload(Workload):
         return [
             RoutingRequest(f"routing-{i:05d}-{r.id}", r, bfcl.suite, self.tool_time,
                            self._workspace(r, bfcl, workspaces),
-                           choose(self.decode_lengths, decode_model(r.category)))
+                           choose(self.decode_lengths, decode_model(r.category, self.decode_scale)))
             for i, r in enumerate(draw(pool, n, seed))
         ]
 
