@@ -57,9 +57,18 @@ def two_call_turns(stages: pd.DataFrame) -> pd.DataFrame:
 
 def replay(arm: str, scale: float, args: argparse.Namespace, out: Path) -> pd.DataFrame:
     """One replay's stage log."""
-    cfg = ReplayConfig(workload="routing", arm=arm, backend="local", clock="virtual",
-                       requests=args.requests, rate=args.rate, seed=args.seed,
-                       out=out, progress=False, workload_options={"decode_scale": scale})
+    cfg = ReplayConfig(
+        workload="routing",
+        arm=arm,
+        backend="local",
+        clock="virtual",
+        requests=args.requests,
+        rate=args.rate,
+        seed=args.seed,
+        out=out,
+        progress=False,
+        workload_options={"decode_scale": scale},
+    )
     run_replay(prepare(cfg, progress=lambda _m: None))
     return pd.read_parquet(out / "stages.parquet")
 
@@ -73,6 +82,7 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=None, help="evaluate this scale, no fit")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+
         def mean_pairs(scale: float) -> float:
             turns = two_call_turns(replay("floor", scale, args, Path(tmp) / f"f{scale:.6f}"))
             value = float(turns["pairs_s"].mean())
@@ -95,10 +105,12 @@ def main() -> None:
         full = two_call_turns(replay("full", scale, args, Path(tmp) / "full"))
     paired = floor.merge(full, on=["request_id", "turn"], suffixes=("_floor", "_full"))
     saving = (paired["span_s_floor"] - paired["span_s_full"]).mean()
-    print(f"scale {scale:.4f}: floor two-call turns {len(floor)}, mean handler+executor "
-          f"pairs {floor['pairs_s'].mean():.3f} s (Fig. 12: {args.target:.2f} s); paired "
-          f"full saving on those turns {saving:.3f} s (Fig. 12: {PAPER_SAVING_S:.2f} s), "
-          f"median {(paired['span_s_floor'] - paired['span_s_full']).median():.3f} s")
+    print(
+        f"scale {scale:.4f}: floor two-call turns {len(floor)}, mean handler+executor "
+        f"pairs {floor['pairs_s'].mean():.3f} s (Fig. 12: {args.target:.2f} s); paired "
+        f"full saving on those turns {saving:.3f} s (Fig. 12: {PAPER_SAVING_S:.2f} s), "
+        f"median {(paired['span_s_floor'] - paired['span_s_full']).median():.3f} s"
+    )
 
 
 if __name__ == "__main__":

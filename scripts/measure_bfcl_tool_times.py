@@ -32,8 +32,7 @@ def main() -> None:
     times: dict[str, list[float]] = defaultdict(list)
     for _ in range(args.repeat):
         for record in data.all():
-            state = ApiState(data.suite, record.classes, record.initial_config,
-                             record.long_context)
+            state = ApiState(data.suite, record.classes, record.initial_config, record.long_context)
             for turn in record.recorded:
                 for text in turn:
                     t0 = time.perf_counter()

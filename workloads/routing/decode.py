@@ -111,6 +111,11 @@ def stage_medians(category: str) -> tuple[float, float]:
     )
 
 
+# NOTE: one salt for every category, so the reasoning drawn is a function of the rendered
+# input alone: records of different categories can render the same input (multi_turn_base_49
+# and multi_turn_miss_param_49 share their first turns), and C1 serves one request's record
+# to the other. Categories that share a measurement share a model; distinct measurements
+# apply to distinct inputs (each category's records hold its own questions).
 @functools.cache
 def decode_model(category: str, scale: float = SCALE) -> DecodeModel:
     """The decode model of one BFCL category's requests."""
@@ -134,5 +139,5 @@ def decode_model(category: str, scale: float = SCALE) -> DecodeModel:
             ),
         },
         scale=scale,
-        salt=f"routing-decode-v1/{category}",
+        salt="routing-decode-v1",
     )

@@ -47,6 +47,19 @@ class Record:
     def doc(self, name: str) -> Mapping[str, Any] | None:
         return next((f for f in self.functions if f["name"] == name), None)
 
+    def request_text(self, turn: int) -> str:
+        """What the user asks at ``turn``, as the handler reads it.
+
+        NOTE: a held-out turn's own message (BFCL's "I have updated some more functions...")
+        names no task: the task is the previous turn's, which could not be done without the
+        new functions. A handler reading only that message could not know what to call, and
+        records holding out the same function would render the same handler input with
+        different recorded calls, so the previous turn's text comes first.
+        """
+        if turn in self.held_out and turn > 0:
+            return f"{self.turns[turn - 1]}\n{self.turns[turn]}"
+        return self.turns[turn]
+
     def offered(self, turn: int) -> tuple[Mapping[str, Any], ...]:
         """The functions offered at ``turn``: all but those held out until a later turn,
         held-out ones appended in the order they arrive (as BFCL's inference loop does)."""

@@ -103,9 +103,10 @@ class RoutingRequest(RequestInstance):
         for t, turn in enumerate(self.record.turns):
             conversation.append({"role": "user", "content": turn})
             functions = [dict(f) for f in self.record.offered(t)]
+            request = self.record.request_text(t)
             executed: list[ExecutedCall] = []
             for _ in range(MAX_DECISIONS_PER_TURN):
-                chosen = await self._route(ctx, outcome, functions, conversation, turn,
+                chosen = await self._route(ctx, outcome, functions, conversation, request,
                                            executed)
                 if not chosen:
                     break
@@ -113,7 +114,7 @@ class RoutingRequest(RequestInstance):
                 seen: Counter[str] = Counter()
                 jobs = []
                 for name in chosen:
-                    jobs.append(self._handle(ctx, name, seen[name], turn, so_far))
+                    jobs.append(self._handle(ctx, name, seen[name], request, so_far))
                     seen[name] += 1
                 for done in await asyncio.gather(*jobs):
                     conversation.append({"role": "assistant", "content": done.call})
@@ -279,9 +280,10 @@ class RoutingRequest(RequestInstance):
     def _replay_handler(self, fields: Mapping[str, Any], digest: str) -> str | None:
         doc = dict(fields["function"])
         name, turn, occurrence = doc["name"], fields["turn"], fields["occurrence"]
-        if self.record.doc(name) != doc or turn not in self.record.turns:
+        requests = [self.record.request_text(t) for t in range(len(self.record.turns))]
+        if self.record.doc(name) != doc or turn not in requests:
             return None
-        t = self.record.turns.index(turn)
+        t = requests.index(turn)
         made = [c["call"] for c in fields["calls"]]
         expected, names = list(self.record.recorded[t]), self._names[t]
         if self.record.parallel:
