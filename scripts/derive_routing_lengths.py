@@ -24,7 +24,7 @@ from pathlib import Path
 
 from workloads.routing.bfcl_data import load_bfcl
 from workloads.routing.bfcl_wheel import bfcl_dir
-from workloads.routing.decode import PUBLISHED_TOTAL_TOKENS, ROUTER_SHARE, SIGMA, published_for
+from workloads.routing.decode import PUBLISHED_TOTAL_TOKENS, ROUTER_SHARE, SIGMA
 
 SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -87,7 +87,7 @@ def main() -> None:
         prompt = sum(len(tok.encode(prompt_text(r)).ids) for r in records) / n
         answer = sum(len(tok.encode(answer_text(r)).ids) for r in records) / n
         calls = sum(len(r.recorded[0]) for r in records) / n
-        total = published_for(category)
+        total = PUBLISHED_TOTAL_TOKENS[category]
         reasoning = total - prompt - answer - TEMPLATE_TOKENS
         to_median = math.exp(-(SIGMA**2) / 2)
         router = ROUTER_SHARE * reasoning * to_median

@@ -31,7 +31,7 @@ from workloads.routing.categories import (
     UnscorableCategoryError,
     parse_categories,
 )
-from workloads.routing.decode import SCALE, decode_model, stage_medians
+from workloads.routing.decode import SCALE, category_medians, decode_model, stage_medians
 from workloads.routing.request import ExecutedCall
 from workloads.routing.tools import CONNECTED_CAR_S, IN_PROCESS_S, modelled_latency_s
 from workloads.routing.workload import RoutingWorkload, split_of
@@ -174,7 +174,7 @@ def test_modelled_outputs_wrap_the_decision_and_the_workflow_strips_them():
     ctx, outcome = run(modelled)
     _, plain = run(recorded)
     assert outcome.turns == plain.turns and modelled.score(outcome) == 1.0
-    model = decode_model("multi_turn_base")
+    model = decode_model()
     for rendered in ctx.rendered:
         text = modelled.replay_text(rendered)
         assert text.startswith(THINK_OPEN) and THINK_CLOSE in text
@@ -184,14 +184,28 @@ def test_modelled_outputs_wrap_the_decision_and_the_workflow_strips_them():
         assert len(text[len(THINK_OPEN) : text.index(THINK_CLOSE)].split()) == n
 
 
-def test_stage_medians_follow_the_published_lengths_and_the_fitted_scale():
-    router, handler = stage_medians("multiple")  # 750 published, 465.4 prompt, 35.9 answer
+def test_stage_medians_pool_the_published_lengths_under_the_fitted_scale():
+    router, handler = category_medians("multiple")  # 750 published, 465.4 prompt, 35.9 answer
     assert router == pytest.approx(0.5 * 244.7 * 0.8824969, rel=1e-6) == handler
-    assert stage_medians("multi_turn_base") == stage_medians("multiple")
-    r_par, h_par = stage_medians("parallel")  # 2.70 calls share the handler half
+    r_par, h_par = category_medians("parallel")  # 2.70 calls share the handler half
     assert h_par == pytest.approx(r_par / 2.70, rel=1e-6)
-    model = decode_model("multiple")
-    assert model.scale == SCALE and model.stages["router"].median_tokens == router
+    pooled = stage_medians()
+    weights = {
+        "simple_python": 400,
+        "multiple": 200,
+        "parallel": 200,
+        "parallel_multiple": 200,
+        "live_simple": 258,
+        "live_multiple": 1053,
+        "live_parallel": 16,
+        "live_parallel_multiple": 24,
+    }
+    assert pooled[0] == pytest.approx(
+        sum(w * category_medians(c)[0] for c, w in weights.items()) / 2351, rel=1e-9
+    )
+    model = decode_model()
+    assert model.scale == SCALE and model.stages["router"].median_tokens == pooled[0]
+    assert model.stages["handler"].median_tokens == pooled[1]
     assert "ThinkBrake" in model.stages["handler"].source
 
 

@@ -23,9 +23,14 @@ per BFCL category grounded in a published measurement:
   router is still decoding.
 * **Spread** (an assumption: the per-sample rollouts are not published in text form):
   log-space σ = :data:`SIGMA`; a published mean becomes the median mean·exp(−σ²/2).
-* **Categories without a measurement** borrow one (:data:`BORROWED`): a multi-turn step
-  (one call chosen among many functions) that of non-live ``multiple``; an irrelevance
-  record (the router reasons, then declines) that of ``simple_python`` / ``live_simple``.
+* **One model for every category**: the per-category medians pooled, weighted by the
+  measured categories' record counts (:data:`RECORDS`). The reasoning drawn must be a
+  function of the rendered input alone, and BFCL's categories share inputs
+  (``simple_python_144`` and ``multiple_131`` render the same handler input;
+  ``multi_turn_base_49`` and ``multi_turn_miss_param_49`` the same first turns), which C1
+  and fills serve across requests: category-specific medians made such a splice unsafe (a
+  ``full`` replay caught one), so they only inform the pool. Multi-turn and irrelevance
+  records, which have no measurement of their own, get the pool too.
 * **Calibration.** :data:`SCALE` multiplies every median; it is the one knob fitted, on the
   paper's Fig. 12 point (the floor spends 6.50 s on two handler/executor pairs), by
   ``scripts/calibrate_routing_decode.py`` (see :data:`SCALE` for the fit).
@@ -78,32 +83,28 @@ DERIVED: Mapping[str, tuple[float, float, float, float]] = MappingProxyType(
     }
 )
 
-BORROWED: Mapping[str, str] = MappingProxyType(
+RECORDS: Mapping[str, int] = MappingProxyType(
     {
-        "multi_turn_base": "multiple",
-        "multi_turn_miss_func": "multiple",
-        "multi_turn_miss_param": "multiple",
-        "multi_turn_long_context": "multiple",
-        "irrelevance": "simple_python",
-        "live_irrelevance": "live_simple",
+        "simple_python": 400,
+        "multiple": 200,
+        "parallel": 200,
+        "parallel_multiple": 200,
+        "live_simple": 258,
+        "live_multiple": 1053,
+        "live_parallel": 16,
+        "live_parallel_multiple": 24,
     }
 )
+"""Records per measured category in the pinned wheel: the pool's weights."""
 
 SCALE = 1.19
-"""The calibration knob, fitted on Fig. 12 by ``scripts/calibrate_routing_decode.py`` (200
-floor requests at 0.5 req/s, seed 0, all categories; secant iterates 1.0 → 5.52 s,
-1.178 → 6.40 s, 1.199 → 6.52 s, 1.195 → 6.54 s on the 10 two-call in-process turns
-drawn: the measure is discrete in the draws, so the fit is rounded to 1.19)."""
+"""The calibration knob, fitted on Fig. 12 by ``scripts/calibrate_routing_decode.py``."""
 
 
-def published_for(category: str) -> float:
-    """The published mean total tokens the category's lengths come from."""
-    return PUBLISHED_TOTAL_TOKENS[BORROWED.get(category, category)]
-
-
-def stage_medians(category: str) -> tuple[float, float]:
-    """(router, handler) median reasoning tokens of ``category``, before :data:`SCALE`."""
-    _, _, reasoning, calls = DERIVED[BORROWED.get(category, category)]
+def category_medians(category: str) -> tuple[float, float]:
+    """(router, handler) median reasoning tokens measured for one category (before
+    :data:`SCALE`): the router's share of its reasoning, and the handlers' share per call."""
+    _, _, reasoning, calls = DERIVED[category]
     to_median = math.exp(-(SIGMA**2) / 2)
     return (
         ROUTER_SHARE * reasoning * to_median,
@@ -111,19 +112,24 @@ def stage_medians(category: str) -> tuple[float, float]:
     )
 
 
-# NOTE: one salt for every category, so the reasoning drawn is a function of the rendered
-# input alone: records of different categories can render the same input (multi_turn_base_49
-# and multi_turn_miss_param_49 share their first turns), and C1 serves one request's record
-# to the other. Categories that share a measurement share a model; distinct measurements
-# apply to distinct inputs (each category's records hold its own questions).
+def stage_medians() -> tuple[float, float]:
+    """(router, handler) median reasoning tokens of every category: the record-weighted
+    pool of :func:`category_medians` (before :data:`SCALE`)."""
+    total = sum(RECORDS.values())
+    per = {c: category_medians(c) for c in RECORDS}
+    return (
+        sum(RECORDS[c] * per[c][0] for c in RECORDS) / total,
+        sum(RECORDS[c] * per[c][1] for c in RECORDS) / total,
+    )
+
+
 @functools.cache
-def decode_model(category: str, scale: float = SCALE) -> DecodeModel:
-    """The decode model of one BFCL category's requests."""
-    router, handler = stage_medians(category)
-    source = BORROWED.get(category, category)
+def decode_model(scale: float = SCALE) -> DecodeModel:
+    """The routing decode model (one for every category, see the module docstring)."""
+    router, handler = stage_medians()
     cite = (
-        f"ThinkBrake Qwen3-32B BFCL {source}: {published_for(category):.0f} tokens/sample "
-        f"(scripts/derive_routing_lengths.py)"
+        "ThinkBrake Qwen3-32B thinking-mode BFCL rollouts, pooled over 8 single-turn "
+        "categories (scripts/derive_routing_lengths.py)"
     )
     return DecodeModel(
         {

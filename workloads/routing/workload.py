@@ -145,7 +145,7 @@ class RoutingWorkload(Workload):
         return [
             RoutingRequest(f"routing-{i:05d}-{r.id}", r, bfcl.suite, self.tool_time,
                            self._workspace(r, bfcl, workspaces),
-                           choose(self.decode_lengths, decode_model(r.category, self.decode_scale)))
+                           choose(self.decode_lengths, decode_model(self.decode_scale)))
             for i, r in enumerate(draw(pool, n, seed))
         ]
 
