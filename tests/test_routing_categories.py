@@ -256,3 +256,19 @@ def test_full_replay_promotes_handlers_that_decode_what_canonical_execution_does
         # the fill's output, the value served, and canonical execution's output are one text
         assert set(fill["output_digest"]) == {row.output_digest} == {row.audit_digest}
         assert row.output_tokens == 0 or fill["output_tokens"].iloc[0] > 8
+
+
+def test_router_evidence_holds_branch_time_features_only():
+    request = by_record(fixture_pool(("multi_turn_base",), "recorded"), "multi_turn_base_1")
+    ctx, _ = run(request)
+    (first, chosen), second = ctx.branches[0], ctx.branches[1][0]
+    assert chosen == ("ls",)
+    features = first.evidence["candidate_features"]
+    assert features["ls"] == ["<turn start> -> ls", "name-overlap=0"]
+    assert features["<end_of_turn>"] == ["<turn start> -> <end_of_turn>", "end-after=0"]
+    # "List everything in here" names no function; after ls ran, ls is marked and END counts it
+    assert second.evidence["candidate_features"]["ls"] == [
+        "ls -> ls", "name-overlap=0", "called-this-turn"]
+    assert second.evidence["candidate_features"]["<end_of_turn>"][1] == "end-after=1"
+    # nothing of the resolved branch: the same features whatever the trace chose next
+    assert set(first.evidence) == {"turn", "candidate_features"}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,13 @@ class RoutingOutcome:
 
 def _name(call: str) -> str:
     return parse_call(call).name
+
+
+def _name_words(name: str) -> set[str]:
+    """The first four letters of each word of a function name (``get_stock_info``,
+    ``Flights_4_SearchOnewayFlight``, ``math.hypot``): snake, dotted and camel case."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return {w[:4] for w in re.findall(r"[a-z0-9]+", spaced.lower()) if len(w) >= 3}
 
 
 class RoutingRequest(RequestInstance):
@@ -148,15 +156,32 @@ class RoutingRequest(RequestInstance):
         return chosen
 
     def _evidence(self, turn: str, executed: Sequence[ExecutedCall]) -> dict[str, Any]:
-        """What a predictor may know at the router's branch: the user's turn (what the
-        router itself reads) and the function called last.
+        """What a predictor may know at the router's branch: the user's turn and the
+        functions offered (what the router itself reads) and the calls made so far.
 
-        Each candidate gets the feature ``"<previous> -> <candidate>"``, so the frequency
-        predictor learns which function tends to follow which (a next-stage model).
+        Each candidate gets features the frequency predictor pools across records (their
+        pick rates generalise, unlike a function's own name):
+
+        * ``"<previous> -> <candidate>"``: which function tends to follow which;
+        * ``"name-overlap=k"``: how many words of the function's name the turn mentions
+          (0-3; a word matches on its first four letters);
+        * ``"called-this-turn"``: the function was already called in this turn;
+        * for :data:`END_OF_TURN`, ``"end-after=n"``: calls made in this turn so far (0-3).
         """
         previous = _name(executed[-1].call) if executed else "<turn start>"
-        return {"turn": turn,
-                FEATURES_KEY: {c: [f"{previous} -> {c}"] for c in self.candidates}}
+        said = {w[:4] for w in re.findall(r"[a-z0-9]+", turn.lower()) if len(w) >= 3}
+        called = {_name(c.call) for c in executed}
+        features = {}
+        for c in self.candidates:
+            listed = [f"{previous} -> {c}"]
+            if c == END_OF_TURN:
+                listed.append(f"end-after={min(len(executed), 3)}")
+            else:
+                listed.append(f"name-overlap={min(3, len(_name_words(c) & said))}")
+                if c in called:
+                    listed.append("called-this-turn")
+            features[c] = listed
+        return {"turn": turn, FEATURES_KEY: features}
 
     def _parse_route(self, text: str, outcome: RoutingOutcome) -> list[str]:
         """The offered function names in the router's output; the rest is ignored (and kept).
