@@ -70,6 +70,9 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-lengths", default="modelled", choices=["modelled", "recorded"],
                    help="replayed LLM stages decode modelled reasoning around the trace's "
                         "decision, or the recorded decision alone (real engines generate)")
+    p.add_argument("--categories", default=None,
+                   help="routing: BFCL categories or collections, comma-separated (default: "
+                        "every category the workload scores, as BFCL's own default 'all')")
     p.add_argument("--data-dir", default=None,
                    help="data directory (else $DYNBRANCH_DATA, else ../shared/data)")
     p.add_argument("--out", default="runs/replay", help="result directory")
@@ -169,6 +172,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         requests=args.requests, seed=args.seed, workers=args.workers, fanout=args.fanout,
         arrival=args.arrival, cv=args.cv, split=args.split, tool_time=args.tool_time,
         decode_lengths=args.decode_lengths,
+        categories=None if args.categories is None else tuple(args.categories.split(",")),
         out=Path(args.out), data_dir=args.data_dir, address=args.address,
         predictor=args.predictor, drafter_profile=args.drafter_profile,
         drafter_model=args.drafter_model, drafter_workers=args.drafter_workers,

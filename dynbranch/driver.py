@@ -61,6 +61,7 @@ class ReplayConfig:
     split: str = "test"
     tool_time: str = "modelled"
     decode_lengths: str = "modelled"
+    categories: tuple[str, ...] | None = None  # routing: BFCL categories (None: its default)
     depth: int = DEFAULT_DEPTH
     predictor: str | None = None
     drafter_profile: str = "qwen3-0.6b@h200"  # the sim drafter's profile
@@ -126,8 +127,14 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
         raise ConfigError("the instcache arm pre-populates from the train split; "
                           "measure it on --split test")
     _check_choice("decode lengths", cfg.decode_lengths, DECODE_MODES)
+    options = dict(cfg.workload_options)
+    if cfg.categories is not None:
+        if cfg.workload != "routing":
+            raise ConfigError(f"--categories selects BFCL categories of the routing workload, "
+                              f"not of {cfg.workload!r}")
+        options["categories"] = tuple(cfg.categories)
     workload = get_workload(cfg.workload, tool_time=cfg.tool_time,
-                            decode_lengths=cfg.decode_lengths, **cfg.workload_options)
+                            decode_lengths=cfg.decode_lengths, **options)
     data = DataConfig(resolve_data_dir(cfg.data_dir), cache_dir())
     workload.fetch_data(data, progress)
     workload.check_data(data)

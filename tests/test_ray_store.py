@@ -366,7 +366,8 @@ def test_the_c1_arm_serves_repeats_from_the_ray_store_through_the_driver(local_r
     cfg = ReplayConfig(workload="routing", arm="c1", backend="ray", clock="real",
                        requests=8, rate=1.0, workers=2, profile="qwen3-0.6b@h200",
                        out=tmp_path / "run", progress=False,
-                       workload_options={"root": str(fixture)})
+                       workload_options={"root": str(fixture), "categories": (
+                           "multi_turn_base", "multiple", "parallel_multiple")})
     result = run_replay(prepare(cfg, progress=lambda _m: None))
     summary = result.summary
     assert summary["backend"] == "ray" and summary["completed"] == 8

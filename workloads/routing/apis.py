@@ -64,11 +64,12 @@ class ApiSuite:
     doc_files: Mapping[str, str]
     stateless: frozenset[str]
 
-    def new_instance(self, cls: str, config: Mapping[str, Any]) -> Any:
-        """A fresh instance of ``cls`` loaded with ``config`` (BFCL's ``_load_scenario``)."""
+    def new_instance(self, cls: str, config: Mapping[str, Any], long_context: bool = False) -> Any:
+        """A fresh instance of ``cls`` loaded with ``config`` (BFCL's ``_load_scenario``;
+        ``long_context`` for the ``multi_turn_long_context`` category, as BFCL loads it)."""
         instance = self.classes[cls]()
         if cls not in self.stateless:
-            instance._load_scenario(copy.deepcopy(dict(config)), long_context=False)
+            instance._load_scenario(copy.deepcopy(dict(config)), long_context=long_context)
         return instance
 
 
@@ -173,15 +174,18 @@ class ApiState:
     """
 
     def __init__(
-        self, suite: ApiSuite, classes: tuple[str, ...], initial_config: Mapping[str, Any]
+        self, suite: ApiSuite, classes: tuple[str, ...], initial_config: Mapping[str, Any],
+        long_context: bool = False,
     ) -> None:
-        self.instances = {c: suite.new_instance(c, initial_config.get(c, {})) for c in classes}
+        self.instances = {c: suite.new_instance(c, initial_config.get(c, {}), long_context)
+                          for c in classes}
         self.versions = dict.fromkeys(classes, 0)
         # NOTE: a class's *lineage* names its state as a value: its initial configuration and
         # every mutating call applied since. Equal lineages are equal states (the APIs are
         # deterministic; RNG draws are declared mutating), so results computed on one
         # lineage stay exact for any request whose state has that lineage.
-        self.lineage = {c: digest({"class": c, "config": initial_config.get(c, {})})[:16]
+        self.lineage = {c: digest({"class": c, "config": initial_config.get(c, {}),
+                                   **({"long_context": True} if long_context else {})})[:16]
                         for c in classes}
         self._owner: dict[str, str] = {}
         for cls, instance in self.instances.items():

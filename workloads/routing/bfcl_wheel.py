@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from dynbranch.datasets import DatasetInfo, sha256_file
 from dynbranch.errors import ChecksumError, DataFetchError, DataMissingError
+from workloads.routing.categories import CATEGORIES, IRRELEVANCE
 
 BFCL_VERSION = "2026.3.23"
 BFCL_WHEEL = f"bfcl_eval-{BFCL_VERSION}-py3-none-any.whl"
@@ -68,11 +69,9 @@ BFCL = DatasetInfo(
     "bfcl",
     BFCL_PYPI,
     "Apache-2.0",
-    tuple(
-        f"{_BFCL_DATA}/{p}BFCL_v4_{c}.json"
-        for c in ("multi_turn_base", "multiple", "parallel_multiple")
-        for p in ("", "possible_answer/")
-    )
+    tuple(f"{_BFCL_DATA}/BFCL_v4_{c}.json" for c in CATEGORIES)
+    + tuple(f"{_BFCL_DATA}/possible_answer/BFCL_v4_{c}.json" for c in CATEGORIES
+            if c not in IRRELEVANCE)
     + tuple(f"{_BFCL_DATA}/multi_turn_func_doc/{d}.json" for d in _BFCL_DOCS)
     + tuple(f"{_API_DIR}/{d}.py" for d in (*_BFCL_DOCS, "long_context"))
     + (_BFCL_CONFIG, _BFCL_METADATA),

@@ -8,18 +8,23 @@ Replay (:meth:`RoutingRequest.replay_text`) is a pure function of the rendered i
 router's position comes from the conversation in its input (which user turn, which calls
 that turn already holds), the handler's from its turn text and calls so far. It answers
 the trace's decision where the input lies on the recorded path, a deterministic plausible
-call for a handler of a function the trace did not call there, and ``None`` elsewhere.
+call for a handler of a function the trace did not call there, and ``None`` elsewhere;
+the request's decode model (:mod:`workloads.routing.decode`) wraps a decision in the
+reasoning a Qwen3 agent decodes before it, and the workflow reads only the decision
+(:func:`~dynbranch.decode_lengths.decision_of`), as an agent framework strips the thinking.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynbranch.decode_lengths import RECORDED, DecodeModel, decision_of
 from dynbranch.errors import ToolCallError
 from dynbranch.predictors.frequency import FEATURES_KEY
 from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
@@ -32,8 +37,9 @@ from workloads.routing.template import END_OF_TURN, TEMPLATE, TOOL_NAME, WORKFLO
 from workloads.routing.tools import ApiTool, SchemaTool
 
 # NOTE: a bound on router decisions per turn, so a model that never ends a turn still ends
-# the request (the longest recorded turn has fewer than 20 calls).
-MAX_DECISIONS_PER_TURN = 32
+# the request (the longest recorded turns, in multi_turn_long_context_38 and _46, have 34
+# calls).
+MAX_DECISIONS_PER_TURN = 64
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,13 @@ def _name(call: str) -> str:
     return parse_call(call).name
 
 
+def _name_words(name: str) -> set[str]:
+    """The first four letters of each word of a function name (``get_stock_info``,
+    ``Flights_4_SearchOnewayFlight``, ``math.hypot``): snake, dotted and camel case."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return {w[:4] for w in re.findall(r"[a-z0-9]+", spaced.lower()) if len(w) >= 3}
+
+
 class RoutingRequest(RequestInstance):
     """A request built from one BFCL record, with its own API instances."""
 
@@ -67,9 +80,10 @@ class RoutingRequest(RequestInstance):
 
     def __init__(
         self, request_id: str, record: Record, suite: ApiSuite | None, tool_time: str = "modelled",
-        shared: tuple[str, ApiState] | None = None,
+        shared: tuple[str, ApiState] | None = None, decode: DecodeModel = RECORDED,
     ) -> None:
         self.request_id, self.record, self._suite = request_id, record, suite
+        self.decode = decode
         self.candidates = (*record.function_names, END_OF_TURN)
         self.functions = [dict(f) for f in record.functions]
         if record.multi_turn and shared is not None:
@@ -77,7 +91,8 @@ class RoutingRequest(RequestInstance):
             self._tool: Tool = ApiTool(request_id, self.state, tool_time, owner=owner)
             self.scope = {"shared": owner, "classes": list(record.classes)}
         elif record.multi_turn:
-            self.state = ApiState(suite, record.classes, record.initial_config)
+            self.state = ApiState(suite, record.classes, record.initial_config,
+                                  record.long_context)
             self._tool = ApiTool(request_id, self.state, tool_time)
             self.scope = None  # rendered per call from the state's lineage
         else:
@@ -93,18 +108,21 @@ class RoutingRequest(RequestInstance):
     async def run(self, ctx: StageContext) -> RoutingOutcome:
         outcome = RoutingOutcome(self.record.id, self.record.category)
         conversation: list[dict[str, Any]] = []
-        for turn in self.record.turns:
+        for t, turn in enumerate(self.record.turns):
             conversation.append({"role": "user", "content": turn})
+            functions = [dict(f) for f in self.record.offered(t)]
+            request = self.record.request_text(t)
             executed: list[ExecutedCall] = []
             for _ in range(MAX_DECISIONS_PER_TURN):
-                chosen = await self._route(ctx, outcome, conversation, turn, executed)
+                chosen = await self._route(ctx, outcome, functions, conversation, request,
+                                           executed)
                 if not chosen:
                     break
                 so_far = [{"call": c.call, "result": c.value} for c in executed]
                 seen: Counter[str] = Counter()
                 jobs = []
                 for name in chosen:
-                    jobs.append(self._handle(ctx, name, seen[name], turn, so_far))
+                    jobs.append(self._handle(ctx, name, seen[name], request, so_far))
                     seen[name] += 1
                 for done in await asyncio.gather(*jobs):
                     conversation.append({"role": "assistant", "content": done.call})
@@ -119,6 +137,7 @@ class RoutingRequest(RequestInstance):
         self,
         ctx: StageContext,
         outcome: RoutingOutcome,
+        functions: list[dict[str, Any]],
         conversation: list,
         turn: str,
         executed: list[ExecutedCall],
@@ -128,24 +147,41 @@ class RoutingRequest(RequestInstance):
         self._open[coordinate] = (turn, [{"call": c.call, "result": c.value} for c in executed])
         point = BranchPoint(coordinate, self.candidates, multi_valued=self.record.parallel,
                             evidence=self._evidence(turn, executed))
-        values = {"functions": self.functions, "conversation": list(conversation)}
+        values = {"functions": functions, "conversation": list(conversation)}
         async with ctx.branch(point) as branch:
-            text = await ctx.llm("router", values)
+            text = decision_of(await ctx.llm("router", values))
             chosen = self._parse_route(text, outcome)
             branch.resolve(*(dict.fromkeys(chosen) or (END_OF_TURN,)))
         self._open.pop(coordinate, None)
         return chosen
 
     def _evidence(self, turn: str, executed: Sequence[ExecutedCall]) -> dict[str, Any]:
-        """What a predictor may know at the router's branch: the user's turn (what the
-        router itself reads) and the function called last.
+        """What a predictor may know at the router's branch: the user's turn and the
+        functions offered (what the router itself reads) and the calls made so far.
 
-        Each candidate gets the feature ``"<previous> -> <candidate>"``, so the frequency
-        predictor learns which function tends to follow which (a next-stage model).
+        Each candidate gets features the frequency predictor pools across records (their
+        pick rates generalise, unlike a function's own name):
+
+        * ``"<previous> -> <candidate>"``: which function tends to follow which;
+        * ``"name-overlap=k"``: how many words of the function's name the turn mentions
+          (0-3; a word matches on its first four letters);
+        * ``"called-this-turn"``: the function was already called in this turn;
+        * for :data:`END_OF_TURN`, ``"end-after=n"``: calls made in this turn so far (0-3).
         """
         previous = _name(executed[-1].call) if executed else "<turn start>"
-        return {"turn": turn,
-                FEATURES_KEY: {c: [f"{previous} -> {c}"] for c in self.candidates}}
+        said = {w[:4] for w in re.findall(r"[a-z0-9]+", turn.lower()) if len(w) >= 3}
+        called = {_name(c.call) for c in executed}
+        features = {}
+        for c in self.candidates:
+            listed = [f"{previous} -> {c}"]
+            if c == END_OF_TURN:
+                listed.append(f"end-after={min(len(executed), 3)}")
+            else:
+                listed.append(f"name-overlap={min(3, len(_name_words(c) & said))}")
+                if c in called:
+                    listed.append("called-this-turn")
+            features[c] = listed
+        return {"turn": turn, FEATURES_KEY: features}
 
     def _parse_route(self, text: str, outcome: RoutingOutcome) -> list[str]:
         """The offered function names in the router's output; the rest is ignored (and kept).
@@ -163,8 +199,8 @@ class RoutingRequest(RequestInstance):
     async def _handle(
         self, ctx: StageContext, name: str, occurrence: int, turn: str, so_far: list
     ) -> ExecutedCall:
-        call = await ctx.llm("handler", self.handler_values(name, occurrence, turn, so_far))
-        call = call.strip()
+        call = decision_of(
+            await ctx.llm("handler", self.handler_values(name, occurrence, turn, so_far))).strip()
         try:
             value = await ctx.tool("executor", self.executor_values(call))
         except ToolCallError as e:
@@ -221,7 +257,7 @@ class RoutingRequest(RequestInstance):
         values = self.fill_values(point.coordinate, candidate)
         if values is None:
             return
-        call = (await ctx.llm("handler", values)).strip()
+        call = decision_of(await ctx.llm("handler", values)).strip()
         await ctx.tool("executor", self.executor_values(call))
 
     def tool(self, name: str) -> Tool:
@@ -232,6 +268,11 @@ class RoutingRequest(RequestInstance):
     # -- replay -------------------------------------------------------------------------------
 
     def replay_text(self, rendered: RenderedInput) -> str | None:
+        """The modelled output of a router or handler stage: reasoning, then the decision."""
+        decision = self._replay_decision(rendered)
+        return None if decision is None else self.decode.wrap(rendered, decision)
+
+    def _replay_decision(self, rendered: RenderedInput) -> str | None:
         try:
             if rendered.stage == "router":
                 return self._replay_router(rendered.fields)
@@ -242,14 +283,14 @@ class RoutingRequest(RequestInstance):
         return None
 
     def _replay_router(self, fields: Mapping[str, Any]) -> str | None:
-        if list(fields["functions"]) != self.functions:
-            return None
         conversation = list(fields["conversation"])
         users = [i for i, m in enumerate(conversation) if m["role"] == "user"]
         t = len(users) - 1
         if not 0 <= t < len(self.record.turns) or [
             conversation[i]["content"] for i in users
         ] != list(self.record.turns[: t + 1]):
+            return None
+        if list(fields["functions"]) != [dict(f) for f in self.record.offered(t)]:
             return None
         made = [m["content"] for m in conversation[users[-1] + 1 :] if m["role"] == "assistant"]
         expected, names = list(self.record.recorded[t]), self._names[t]
@@ -264,9 +305,10 @@ class RoutingRequest(RequestInstance):
     def _replay_handler(self, fields: Mapping[str, Any], digest: str) -> str | None:
         doc = dict(fields["function"])
         name, turn, occurrence = doc["name"], fields["turn"], fields["occurrence"]
-        if self.record.doc(name) != doc or turn not in self.record.turns:
+        requests = [self.record.request_text(t) for t in range(len(self.record.turns))]
+        if self.record.doc(name) != doc or turn not in requests:
             return None
-        t = self.record.turns.index(turn)
+        t = requests.index(turn)
         made = [c["call"] for c in fields["calls"]]
         expected, names = list(self.record.recorded[t]), self._names[t]
         if self.record.parallel:
@@ -289,6 +331,10 @@ class RoutingRequest(RequestInstance):
         if self.record.multi_turn:
             return float(self._multi_turn_ok(outcome))
         calls = [c.value for turn in outcome.turns for c in turn]
+        if self.record.irrelevance:
+            return float(not calls)  # BFCL's relevance runner: right iff no call is made
+        if not all(isinstance(c, dict) for c in calls):
+            return 0.0  # a call the executor rejected counts, and matches no answer
         docs = {f["name"]: f for f in self.record.functions}
         return float(matches_answers(docs, calls, self.record.possible_answer))
 
@@ -323,7 +369,7 @@ def ground_truth_run(record: Record, suite: ApiSuite) -> tuple[list[list[Any]], 
 
     A call that raises yields BFCL's ``"Error during execution: ..."`` text as its result.
     """
-    state = ApiState(suite, record.classes, record.initial_config)
+    state = ApiState(suite, record.classes, record.initial_config, record.long_context)
     results, states = [], []
     for calls in record.recorded:
         turn = []

@@ -1,12 +1,13 @@
 """The ``routing`` workflow template: router → (handler → executor) per call, per user turn.
 
-* ``router`` (LLM, speculable, greedy): the available functions' docs and the conversation
-  so far → the function(s) to call next, comma-separated when they run in parallel, or
+* ``router`` (LLM, speculable, greedy): the functions offered at this turn and the
+  conversation so far → its reasoning, then the function(s) to call next, comma-separated when they run in parallel, or
   :data:`END_OF_TURN` when the latest user turn is complete. Each decision is a branch at
   ``BranchCoordinate("routing", "router", step)``.
 * ``handler`` (LLM, speculable, greedy): the chosen function's doc, the user turn, the calls
   and results so far in this turn, and how many calls of the same function precede this one
-  in its parallel group (``occurrence``) → one call in BFCL's python syntax.
+  in its parallel group (``occurrence``) → its reasoning, then one call in BFCL's python
+  syntax.
 * ``executor`` (tool ``bfcl``): the call text and the request's API scope → the call's
   value. Speculable at template level; the tool's ``is_read_only`` decides per call.
 
@@ -22,6 +23,9 @@ WORKFLOW = "routing"
 TOOL_NAME = "bfcl"
 TOOL_SCHEMA_VERSION = f"bfcl-eval-{BFCL_VERSION}/1"
 END_OF_TURN = "<end_of_turn>"
+# NOTE: a thinking turn's reasoning and its decision must fit: the decode model caps
+# reasoning at 4,096 tokens (workloads.routing.decode), a decision is far shorter.
+MAX_OUTPUT_TOKENS = 8192
 
 ROUTER_PROMPT = (
     "You route a user's requests to functions. Given the available functions and the "
@@ -49,7 +53,7 @@ ROUTER = StageSpec(
     ("functions", "conversation"),
     prompt=ROUTER_PROMPT,
     model="target",
-    sampling=SamplingParams(max_tokens=64),
+    sampling=SamplingParams(max_tokens=MAX_OUTPUT_TOKENS),
     speculable=True,
 )
 HANDLER = StageSpec(
@@ -58,7 +62,7 @@ HANDLER = StageSpec(
     ("function", "turn", "calls", "occurrence"),
     prompt=HANDLER_PROMPT,
     model="target",
-    sampling=SamplingParams(max_tokens=256),
+    sampling=SamplingParams(max_tokens=MAX_OUTPUT_TOKENS),
     speculable=True,
 )
 EXECUTOR = StageSpec(

@@ -15,17 +15,20 @@ order, re-shuffling for every further cycle when ``n`` exceeds the pool. Request
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dynbranch.canonical import digest
-from dynbranch.decode_lengths import check_mode
+from dynbranch.decode_lengths import check_mode, choose
 from dynbranch.errors import ConfigError, DataError
 from dynbranch.workload import DataConfig, Workload
 from workloads.routing.apis import ApiState
-from workloads.routing.bfcl_data import CATEGORIES, BFCLData, Record, load_bfcl
+from workloads.routing.bfcl_data import BFCLData, Record, load_bfcl
 from workloads.routing.bfcl_wheel import bfcl_root, fetch_bfcl
+from workloads.routing.categories import DEFAULT_CATEGORIES, resolve_categories
+from workloads.routing.decode import SCALE, decode_model
 from workloads.routing.request import RoutingRequest
 from workloads.routing.template import TEMPLATE
 from workloads.routing.tools import TOOL_TIMES
@@ -51,10 +54,14 @@ def draw(pool: Sequence[Record], n: int, seed: int) -> list[Record]:
 
 
 class RoutingWorkload(Workload):
-    """BFCL function routing: ``multi_turn_base`` (executed), ``multiple``, ``parallel_multiple``.
+    """BFCL function routing over every category it can score (:mod:`workloads.routing.categories`).
 
-    Options: ``categories`` (a subset of :data:`CATEGORIES`), ``tool_time`` (``modelled`` or
+    Options: ``categories`` (categories or BFCL collection names; default every replayable
+    category, BFCL's own default ``all``; a refused one raises
+    :class:`~workloads.routing.categories.UnscorableCategoryError`), ``tool_time`` (``modelled`` or
     ``measured``), ``root`` (a BFCL tree to read instead of the cache, e.g. a test fixture)
+    ``decode_scale`` (the decode model's calibration knob, default
+    :data:`~workloads.routing.decode.SCALE`; ``scripts/calibrate_routing_decode.py`` fits it)
     and ``fetch`` (fetch the wheel from PyPI on first use; otherwise a missing tree is a
     :class:`~dynbranch.errors.DataMissingError`). ``shared_state=True`` gives multi-turn
     requests of the same scenario (same classes and initial configuration) ONE workspace
@@ -68,24 +75,25 @@ class RoutingWorkload(Workload):
 
     def __init__(
         self,
-        categories: Sequence[str] = CATEGORIES,
+        categories: Sequence[str] = DEFAULT_CATEGORIES,
         tool_time: str = "modelled",
         root: str | Path | None = None,
         fetch: bool = True,
         progress: Callable[[str], None] = print,
         shared_state: bool = False,
         decode_lengths: str = "modelled",
+        decode_scale: float = SCALE,
     ) -> None:
         self.decode_lengths = check_mode(decode_lengths)
+        if not (decode_scale >= 0 and math.isfinite(decode_scale)):
+            raise ConfigError(f"decode_scale={decode_scale} must be a finite number >= 0")
+        self.decode_scale = float(decode_scale)
         self.shared_state = shared_state
-        unknown = [c for c in categories if c not in CATEGORIES]
-        if unknown or not categories:
-            raise ConfigError(
-                f"routing categories {list(categories)}: choose from {list(CATEGORIES)}"
-            )
+        if isinstance(categories, str):
+            categories = categories.split(",")
+        self.categories = resolve_categories(categories)
         if tool_time not in TOOL_TIMES:
             raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
-        self.categories = tuple(c for c in CATEGORIES if c in categories)
         self.tool_time, self.root, self.fetch, self.progress = (
             tool_time,
             Path(root) if root else None,
@@ -136,7 +144,8 @@ class RoutingWorkload(Workload):
         workspaces: dict[str, tuple[str, ApiState]] = {}
         return [
             RoutingRequest(f"routing-{i:05d}-{r.id}", r, bfcl.suite, self.tool_time,
-                           self._workspace(r, bfcl, workspaces))
+                           self._workspace(r, bfcl, workspaces),
+                           choose(self.decode_lengths, decode_model(self.decode_scale)))
             for i, r in enumerate(draw(pool, n, seed))
         ]
 
@@ -146,8 +155,10 @@ class RoutingWorkload(Workload):
         if not (self.shared_state and record.multi_turn):
             return None
         scenario = digest({"classes": list(record.classes),
-                           "initial_config": dict(record.initial_config)})[:16]
+                           "initial_config": dict(record.initial_config),
+                           "long_context": record.long_context})[:16]
         if scenario not in workspaces:
-            state = ApiState(bfcl.suite, record.classes, record.initial_config)
+            state = ApiState(bfcl.suite, record.classes, record.initial_config,
+                             record.long_context)
             workspaces[scenario] = (f"shared-{scenario}", state)
         return workspaces[scenario]

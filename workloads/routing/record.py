@@ -1,0 +1,70 @@
+"""One BFCL record as the routing workload replays it (see :mod:`workloads.routing.bfcl_data`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from workloads.routing.categories import MULTI_TURN, is_irrelevance
+
+
+@dataclass(frozen=True)
+class Record:
+    """A BFCL record: its user turns, the functions it offers, and the recorded calls.
+
+    ``recorded`` holds, per turn, the calls the trace makes in BFCL's python syntax (the
+    ground truth for multi-turn; for single-turn, one concrete call per expected call built
+    from the allowed values; nothing for irrelevance). ``parallel`` records make all of a
+    turn's calls at once. ``functions`` are all the functions the record ever offers;
+    ``held_out`` maps a turn to the names first offered at that turn (``miss_func``).
+    """
+
+    id: str
+    category: str
+    turns: tuple[str, ...]
+    functions: tuple[Mapping[str, Any], ...]
+    recorded: tuple[tuple[str, ...], ...]
+    parallel: bool = False
+    classes: tuple[str, ...] = ()
+    initial_config: Mapping[str, Any] = field(default_factory=dict)
+    possible_answer: tuple[Mapping[str, Mapping[str, list]], ...] = ()
+    held_out: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    long_context: bool = False
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.category in MULTI_TURN
+
+    @property
+    def irrelevance(self) -> bool:
+        return is_irrelevance(self.category)
+
+    @property
+    def function_names(self) -> tuple[str, ...]:
+        return tuple(f["name"] for f in self.functions)
+
+    def doc(self, name: str) -> Mapping[str, Any] | None:
+        return next((f for f in self.functions if f["name"] == name), None)
+
+    def request_text(self, turn: int) -> str:
+        """What the user asks at ``turn``, as the handler reads it.
+
+        NOTE: a held-out turn's own message (BFCL's "I have updated some more functions...")
+        names no task: the task is the previous turn's, which could not be done without the
+        new functions. A handler reading only that message could not know what to call, and
+        records holding out the same function would render the same handler input with
+        different recorded calls, so the previous turn's text comes first.
+        """
+        if turn in self.held_out and turn > 0:
+            return f"{self.turns[turn - 1]}\n{self.turns[turn]}"
+        return self.turns[turn]
+
+    def offered(self, turn: int) -> tuple[Mapping[str, Any], ...]:
+        """The functions offered at ``turn``: all but those held out until a later turn,
+        held-out ones appended in the order they arrive (as BFCL's inference loop does)."""
+        later = {n for t, names in self.held_out.items() if t > turn for n in names}
+        early = {n for t, names in self.held_out.items() if t <= turn for n in names}
+        base = [f for f in self.functions if f["name"] not in later | early]
+        added = [self.doc(n) for t in sorted(self.held_out) if t <= turn for n in self.held_out[t]]
+        return (*base, *added)
