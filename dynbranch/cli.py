@@ -34,7 +34,8 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=4, help="engines (one per GPU)")
     p.add_argument("--fanout", type=int, default=2, help="max fills per branch (C2 arms)")
-    p.add_argument("--depth", type=int, default=2, help="stages one fill may run (C2 arms)")
+    p.add_argument("--depth", type=int, default=None,
+                   help="stages one fill may run (C2 arms; default: the workload's, else 2)")
     p.add_argument("--gate", default="priced",
                    choices=["priced", "topk", "fixed-threshold", "priced-a1-only",
                             "priced-a0-fixed"],
