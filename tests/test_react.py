@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 from dynbranch.datasets import resolve_data_dir
+from dynbranch.decode_lengths import decision_of
+from dynbranch.engines.tokenizer import count_tokens
 from dynbranch.errors import ConfigError, DataMissingError, MalformedRecordError, ToolInputError
+from dynbranch.predictors.entity import rank_entities
 from dynbranch.workflow import BranchCoordinate
 from dynbranch.workload import DataConfig, MeasuredCost, ModelledCost
 from workloads import get_workload
@@ -47,6 +50,7 @@ from workloads.react import (
     make_corpus,
     parse_action,
 )
+from workloads.react.request import observation_text, parse_observation
 from workloads.react.retrieval import MODELLED_RETRIEVE_S, tokenize
 
 FIXTURE = Path(__file__).parent / "fixtures" / "musique"
@@ -338,7 +342,7 @@ def test_retrieve_refuses_bad_calls_and_prices_them():
     tool = RetrieveTool(index)
     assert isinstance(tool.cost, MeasuredCost)  # the default: retrieval burns real CPU
     modelled = RetrieveTool(index, "modelled").cost
-    assert modelled == ModelledCost(MODELLED_RETRIEVE_S) and modelled.charge_s(3.0) == 0.001
+    assert modelled == ModelledCost(MODELLED_RETRIEVE_S) and modelled.charge_s(3.0) == 0.4
     for fields, message in (
         ({"query": 3, "k": 1}, "the query must be a string"),
         ({"query": "x", "k": 0}, "k=0 must be an integer in"),
@@ -367,68 +371,125 @@ def test_every_fixture_request_replays_to_the_gold_answer():
         assert [c for _, (c,) in trace.branches] == [*request.record.chain, FINISH]
 
 
-def test_branch_evidence_is_the_previous_hop_only():
+def test_branch_evidence_is_the_previous_hop_and_the_question_at_hop_0():
     request = by_record(fixture_requests(), "3hop1__1004_1005_1006")
     trace = trace_request(request)
     retrieved = [result.value for _, result in trace.tool_results]
     for hop, (point, _) in enumerate(trace.branches):
         assert point.candidates == () and not point.multi_valued
         evidence = point.evidence
-        assert set(evidence) == {"question", "passages", "searched"}
+        assert set(evidence) == {"question", "passages", "searched", "observation"}
         assert evidence["searched"] == list(request.record.chain[:hop])
-        expected = retrieved[hop - 1] if hop else []
-        assert evidence["passages"] == [{"title": p["title"], "text": p["text"]} for p in expected]
+        if hop == 0:
+            # nothing retrieved yet: the question is the one text read, so its names rank
+            assert evidence["passages"] == [{"title": "", "text": request.record.question}]
+            assert evidence["observation"] == ""
+            continue
+        expected = [{"title": p["title"], "text": p["text"]} for p in retrieved[hop - 1]]
+        assert evidence["passages"] == expected
+        assert evidence["observation"] == observation_text(request.record.steps[hop - 1])
+    # the entity ranker finds the first hop's entity in the question (top 3)
+    first = trace.branches[0][0].evidence
+    assert "Quillfeather Press" in rank_entities(first, 3)
 
 
-def test_think_inputs_and_outputs():
+def test_think_read_inputs_and_outputs():
     request = by_record(fixture_requests(), "2hop__1001_1002")
     trace = trace_request(request)
-    thinks = trace.inputs("think")
-    assert [dict(r.fields)["trajectory"] == [] for r in thinks] == [True, False, False]
+    thinks, reads = trace.inputs("think"), trace.inputs("read")
+    assert [r.fields["trajectory"] for r in thinks] == [
+        [],
+        [
+            {
+                "search": "Lantern Song",
+                "observation": "The performer of Lantern Song is Mira Calloway.",
+            }
+        ],
+        [
+            {
+                "search": "Lantern Song",
+                "observation": "The performer of Lantern Song is Mira Calloway.",
+            },
+            {
+                "search": "Mira Calloway",
+                "observation": "The spouse of Mira Calloway is Tobias Wren.",
+            },
+        ],
+    ]
     assert "Question: Who is the spouse of the performer of Lantern Song?" in thinks[0].text
-    assert request.replay_text(thinks[0]) == (
+    assert decision_of(request.replay_text(thinks[0])) == (
         " I need the performer of Lantern Song.\nAction: search[Lantern Song]"
     )
-    assert request.replay_text(thinks[1]) == (
+    assert decision_of(request.replay_text(thinks[1])) == (
         " The passages give Mira Calloway. I need the spouse of Mira Calloway.\n"
         "Action: search[Mira Calloway]"
     )
     assert request.replay_text(thinks[2]).endswith("Action: finish[Tobias Wren]")
-    assert [dict(r.fields) for r in trace.inputs("retrieve")] == [
-        {"query": "Lantern Song", "k": 3},
-        {"query": "Mira Calloway", "k": 3},
+    assert [dict(r.fields)["query"] for r in trace.inputs("retrieve")] == [
+        "Lantern Song",
+        "Mira Calloway",
     ]
-    # replay is a pure function of the rendered input
-    assert all(request.replay_text(r) == request.replay_text(r) for r in thinks)
+    assert [(r.fields["search"], len(r.fields["passages"])) for r in reads] == [
+        ("Lantern Song", 2),
+        ("Mira Calloway", 3),
+    ]
+    assert set(reads[0].fields) == {"question", "search", "passages"}
+    assert decision_of(request.replay_text(reads[1])) == (
+        "Observation: The spouse of Mira Calloway is Tobias Wren."
+    )
+    # replay is a pure function of the rendered input, reasoning first, decision last
+    for r in thinks + reads:
+        text = request.replay_text(r)
+        assert text == request.replay_text(r) and text.startswith("<think>\n")
+        assert count_tokens(text) - count_tokens(decision_of(text)) >= 16
+
+
+def test_recorded_decode_lengths_replay_the_decisions_alone():
+    (plain,) = [
+        r for r in fixture_requests(decode_lengths="recorded") if r.record.id == "2hop__1001_1002"
+    ]
+    trace = trace_request(plain)
+    think = trace.inputs("think")[0]
+    assert plain.replay_text(think) == (
+        " I need the performer of Lantern Song.\nAction: search[Lantern Song]"
+    )
+    assert plain.score(trace.outcome) == 1.0
 
 
 def test_replay_off_the_recorded_path_and_for_other_inputs():
     request = by_record(fixture_requests(), "2hop__1001_1002")
-    think = TEMPLATE.stage("think")
-    wrong = [{"search": "Lantern", "passages": [{"title": "Lantern", "text": "A lantern."}]}]
+    think, read = TEMPLATE.stage("think"), TEMPLATE.stage("read")
+    wrong = [{"search": "Lantern", "observation": "A lantern."}]
     off = think.render(request.think_values(wrong))
-    # the top passage just read was the search itself: give up
-    assert request.replay_text(off) == " The passages do not say.\nAction: finish[unknown]"
-    other = [{"search": "Wren", "passages": [{"title": "Mira Calloway", "text": "..."}]}]
-    assert request.replay_text(think.render(request.think_values(other))).endswith(
-        "search[Mira Calloway]"
+    assert decision_of(request.replay_text(off)) == (
+        " The observations do not say.\nAction: finish[unknown]"
     )
-    empty = [{"search": "zeppelin", "passages": []}]
-    assert request.replay_text(think.render(request.think_values(empty))).endswith(
-        "finish[unknown]"
+    other = read.render(request.read_values("Wren", [{"title": "Tobias Wren", "text": "..."}]))
+    assert decision_of(request.replay_text(other)) == (
+        "Observation: The passages are about Tobias Wren."
     )
+    empty = read.render(request.read_values("zeppelin", []))
+    assert decision_of(request.replay_text(empty)) == "Observation: Nothing was found for zeppelin."
     stranger = think.render({"question": "Who?", "trajectory": []})
     assert request.replay_text(stranger) is None
+    assert (
+        request.replay_text(read.render({"question": "Who?", "search": "x", "passages": []}))
+        is None
+    )
     assert request.replay_text(TEMPLATE.stage("retrieve").render({"query": "x", "k": 3})) is None
 
 
-def test_parse_action():
+def test_parse_action_and_observation():
     assert parse_action(" I think.\nAction: search[Port Verity]") == Action("search", "Port Verity")
     assert parse_action("Action: finish[the [odd] answer]  \n") == Action(
         "finish", "the [odd] answer"
     )
     assert parse_action("Action: search[]") is None and parse_action("no action") is None
     assert parse_action("Action: lookup[x]") is None
+    # the reasoning before the decision is never parsed
+    assert parse_action("<think>\nAction: search[x]\n</think>\n\nno action") is None
+    assert parse_observation("<think>\nr\n</think>\n\nObservation: It is X.") == "It is X."
+    assert parse_observation("It is Y.") == "It is Y."
 
 
 def test_an_unparseable_think_ends_the_request_unanswered():
@@ -452,29 +513,39 @@ def test_fill_values_match_the_canonical_inputs():
 
     class Spy(TraceContext):
         def branch(self, point):
-            chosen = (
-                request.record.chain[point.coordinate.step] if point.coordinate.step < 2 else None
-            )
+            step = point.coordinate.step
+            chosen = request.record.chain[step] if step < 2 else None
             if chosen:
                 fill = request.fill_values(point.coordinate, chosen)
                 passages = request.tool("retrieve").call(fill).value
-                seen[point.coordinate.step] = (
+                read = request.read_values(chosen, passages)
+                observation = parse_observation(
+                    request.replay_text(TEMPLATE.stage("read").render(read))
+                )
+                seen[step] = (
                     fill,
-                    request.think_after(point.coordinate, chosen, passages),
+                    read,
+                    request.think_after(point.coordinate, chosen, observation),
                 )
             assert request.fill_values(point.coordinate, FINISH) is None
+            assert not request.fillable(point, FINISH) and request.fillable(point, "X")
             return super().branch(point)
 
     ctx = Spy(request)
     asyncio.run(request.run(ctx))
-    retrieves, thinks = ctx.trace.inputs("retrieve"), ctx.trace.inputs("think")
+    canonical = {s: ctx.trace.inputs(s) for s in ("retrieve", "read", "think")}
     for hop in (0, 1):
-        fill, after = seen[hop]
-        assert TEMPLATE.stage("retrieve").render(fill).input_digest == retrieves[hop].input_digest
-        assert TEMPLATE.stage("think").render(after).input_digest == thinks[hop + 1].input_digest
+        fill, read, after = seen[hop]
+        for stage, values, i in (
+            ("retrieve", fill, hop),
+            ("read", read, hop),
+            ("think", after, hop + 1),
+        ):
+            rendered = TEMPLATE.stage(stage).render(values)
+            assert rendered.input_digest == canonical[stage][i].input_digest
     closed = BranchCoordinate("react", "think", 0)
     assert request.fill_values(closed, "Mira Calloway") is None  # the branch is closed now
-    assert request.think_after(closed, "Mira Calloway", []) is None
+    assert request.think_after(closed, "Mira Calloway", "x") is None
 
 
 def test_speculate_runs_the_canonical_hop_ahead():
@@ -500,7 +571,17 @@ def test_speculate_runs_the_canonical_hop_ahead():
         return [r.input_digest for r in trace.inputs(stage)]
 
     assert digests(fill.trace, "retrieve") == digests(canonical, "retrieve")
+    assert digests(fill.trace, "read") == digests(canonical, "read")
     assert digests(fill.trace, "think") == digests(canonical, "think")[1:]
+    # a fill's stages decode exactly what the canonical ones do (one reuse name, one text)
+    canon_text = {
+        r.input_digest: request.replay_text(r)
+        for r in canonical.rendered
+        if r.stage in ("read", "think")
+    }
+    for r in fill.trace.rendered:
+        if r.stage in ("read", "think"):
+            assert request.replay_text(r) == canon_text[r.input_digest]
     point = canonical.branches[0][0]
     asyncio.run(request.speculate(fill, point, "Ansel Dunmore"))  # closed: nothing runs
     assert len(fill.trace.inputs("retrieve")) == len(chain)
