@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dynbranch.datasets import resolve_data_dir
+from dynbranch.decode_lengths import decision_of
 from dynbranch.errors import ConfigError, DataMissingError, MalformedRecordError
 from dynbranch.workflow import BranchCoordinate
 from dynbranch.workload import DataConfig, MeasuredCost
@@ -30,6 +31,7 @@ from workloads.subagent import (
     SubAgentWorkload,
     parse_plan,
 )
+from workloads.subagent.template import SUBAGENT_STAGES
 
 FIXTURE = Path(__file__).parent / "fixtures" / "musique"
 DATA = DataConfig(FIXTURE, Path("/nonexistent-cache"))
@@ -171,24 +173,31 @@ def test_replay_of_each_stage():
     request = by_record(fixture_requests(), "2hop__1007_1008")
     trace = trace_request(request)
     (plan,) = trace.inputs("plan")
-    assert request.replay_text(plan) == (
+    assert decision_of(request.replay_text(plan)) == (
         "what is the capital of elandria\nPort Verity >> which river flows through Port Verity"
+    )
+    think = TEMPLATE.stage("sub_think").render({"subtopic": "Port Verity >> mayor"})
+    assert decision_of(request.replay_text(think)) == (
+        " I need to find out: mayor\nAction: search[Port Verity]"
     )
     research = TEMPLATE.stage("research")
     off = research.render(
         {"subtopic": "Port Verity >> mayor", "passages": [{"title": "Port Verity", "text": "..."}]}
     )
-    assert request.replay_text(off) == "Port Verity"  # plausible: the top passage's title
+    assert decision_of(request.replay_text(off)) == "Port Verity"  # the top passage's title
     empty = research.render({"subtopic": "Nowhere >> mayor", "passages": []})
-    assert request.replay_text(empty) == "unknown"
+    assert decision_of(request.replay_text(empty)) == "unknown"
     synth = TEMPLATE.stage("synthesise").render(
         request.synthesise_values(["a"], ["anything at all"])
     )
-    assert request.replay_text(synth) == "the Silvermere River"
+    assert decision_of(request.replay_text(synth)) == "the Silvermere River"
+    for rendered in (plan, think, off, synth):  # reasoning first, the decision last
+        assert request.replay_text(rendered).startswith("<think>\n")
     stranger = TEMPLATE.stage("plan").render({"question": "Who?"})
     assert request.replay_text(stranger) is None
     assert request.replay_text(TEMPLATE.stage("retrieve").render({"query": "x", "k": 3})) is None
     assert request.replay_text(research.render({"subtopic": "x", "passages": "?"})) is None
+    assert request.replay_text(TEMPLATE.stage("sub_think").render({"subtopic": " "})) is None
 
 
 def test_parse_plan():
@@ -222,19 +231,16 @@ def test_fill_values_match_the_canonical_inputs():
             for s in request.record.steps:
                 fills[s.subtopic] = request.fill_values(point.coordinate, s.subtopic)
             assert request.fill_values(point.coordinate, NO_SUBTOPIC) is None
+            assert not request.fillable(point, NO_SUBTOPIC)
             assert request.fill_values(BranchCoordinate("subagent", "plan", 1), "x") is None
             return super().branch(point)
 
     ctx = Spy(request)
     asyncio.run(request.run(ctx))
-    retrieves = {r.fields["query"]: r.input_digest for r in ctx.trace.inputs("retrieve")}
-    for fill in fills.values():
-        assert TEMPLATE.stage("retrieve").render(fill).input_digest == retrieves[fill["query"]]
-    research = {r.fields["subtopic"]: r.input_digest for r in ctx.trace.inputs("research")}
+    thinks = {r.fields["subtopic"]: r.input_digest for r in ctx.trace.inputs("sub_think")}
     for subtopic, fill in fills.items():
-        passages = request.tool("retrieve").call(fill).value
-        values = request.research_values(subtopic, passages)
-        assert TEMPLATE.stage("research").render(values).input_digest == research[subtopic]
+        assert fill == {"subtopic": subtopic}
+        assert TEMPLATE.stage("sub_think").render(fill).input_digest == thinks[subtopic]
     assert request.fill_values(PLAN_COORDINATE, "Mira Calloway >> spouse") is None  # closed
 
 
@@ -253,7 +259,7 @@ def test_speculate_runs_whole_sub_agents_ahead():
 
     ctx = Early(request)
     asyncio.run(request.run(ctx))
-    for stage in ("retrieve", "research"):
+    for stage in SUBAGENT_STAGES:
         canonical = sorted(r.input_digest for r in ctx.trace.inputs(stage))
         assert sorted(r.input_digest for r in fill.trace.inputs(stage)) == canonical
     assert fill.trace.inputs("plan") == [] and fill.trace.inputs("synthesise") == []
