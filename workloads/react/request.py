@@ -205,17 +205,22 @@ class ReActRequest(RequestInstance):
 
     async def speculate(self, ctx: StageContext, point: BranchPoint, candidate: str) -> None:
         """C2's fill of the ``hop`` subgraph for ``candidate`` at the open think branch: the
-        retrieve of ``candidate``, the read of its passages and then (when the fill's depth
-        allows) the next ``think`` — each rendered exactly as :meth:`run` renders it if
-        ``think`` decides ``search[candidate]``. Nothing for :data:`FINISH` or a branch not
-        open."""
-        opened = self._open.get(point.coordinate)
-        if opened is None or self.fill_values(point.coordinate, candidate) is None:
+        retrieve of ``candidate`` and the read of its passages, rendered exactly as
+        :meth:`run` renders them if ``think`` decides ``search[candidate]``. Nothing for
+        :data:`FINISH` or a branch not open.
+
+        NOTE: the fill ends with the read (the paper's one run-ahead cycle). The next
+        ``think`` is the next branch's decision: running it ahead would decide that branch
+        too, which the paper finds consumes nothing; and a fill that ends on its own is
+        ``done``, so the priced gate learns its execution time from it.
+        """
+        if (
+            point.coordinate not in self._open
+            or self.fill_values(point.coordinate, candidate) is None
+        ):
             return
         found = await ctx.tool("retrieve", self.retrieve_values(candidate))
-        read = await ctx.llm("read", self.read_values(candidate, passage_values(found)))
-        step = {"search": candidate, "observation": parse_observation(read)}
-        await ctx.llm("think", self.think_values([*opened, step]))
+        await ctx.llm("read", self.read_values(candidate, passage_values(found)))
 
     def fill_values(self, coordinate: BranchCoordinate, candidate: str) -> dict[str, Any] | None:
         """The ``retrieve`` values a fill of ``candidate`` at the open branch renders.
@@ -226,16 +231,6 @@ class ReActRequest(RequestInstance):
         if coordinate not in self._open or candidate in (FINISH, INVALID) or not candidate:
             return None
         return self.retrieve_values(candidate)
-
-    def think_after(
-        self, coordinate: BranchCoordinate, candidate: str, observation: str
-    ) -> dict[str, Any] | None:
-        """The next ``think``'s values once a fill of ``candidate`` read ``observation`` (the
-        rest of a fill of depth 3); ``None`` off an open branch."""
-        opened = self._open.get(coordinate)
-        if opened is None or self.fill_values(coordinate, candidate) is None:
-            return None
-        return self.think_values([*opened, {"search": candidate, "observation": observation}])
 
     def tool(self, name: str) -> Tool:
         if name != TOOL_NAME:

@@ -14,7 +14,7 @@
   reasoning and ``Observation: <what the passages say that the question needs>``.
 
 ``hop`` is the self-contained subgraph retrieve + read that early fill runs for a predicted
-entity (and, given a fill depth of 3, the next ``think`` after it).
+entity (two stages, the default fill depth).
 """
 
 from __future__ import annotations
