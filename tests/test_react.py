@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 from contextlib import asynccontextmanager
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from dynbranch.datasets import resolve_data_dir
-from dynbranch.decode_lengths import decision_of
+from dynbranch.decode_lengths import THINK_CLOSE, THINK_OPEN, decision_of
 from dynbranch.engines.tokenizer import count_tokens
 from dynbranch.errors import ConfigError, DataMissingError, MalformedRecordError, ToolInputError
 from dynbranch.predictors.entity import rank_entities
@@ -50,6 +51,7 @@ from workloads.react import (
     make_corpus,
     parse_action,
 )
+from workloads.react.lengths import REACT_DECODE, REACT_LENGTHS, theta
 from workloads.react.request import observation_text, parse_observation
 from workloads.react.retrieval import MODELLED_RETRIEVE_S, tokenize
 
@@ -653,3 +655,22 @@ def test_real_floor_replays_every_question_to_gold(real_dir):
     traces = trace_all(requests)
     assert all(r.score(t.outcome) == 1.0 for r, t in zip(requests, traces, strict=True))
     assert sum(len(t.outcome.searches) for t in traces) == 715
+
+
+@pytest.mark.data
+def test_real_replayed_stages_decode_their_modelled_lengths(real_dir):
+    workload = ReActWorkload(tool_time="modelled")
+    data = DataConfig(real_dir, Path("/nonexistent-cache"))
+    requests = workload.requests(data, 219, 0, "test")
+    traces = trace_all(requests)
+    for stage, model in REACT_LENGTHS.items():
+        reasoning = []
+        for request, trace in zip(requests, traces, strict=True):
+            for rendered in trace.inputs(stage):
+                text = request.replay_text(rendered)
+                filler = text[len(THINK_OPEN) : text.rindex(THINK_CLOSE)]
+                n = REACT_DECODE.reasoning_tokens(rendered, theta(request.template.stage(stage)))
+                assert count_tokens(filler) == n and model.min_tokens <= n <= model.max_tokens
+                reasoning.append(n)
+        assert len(reasoning) >= 200
+        assert statistics.median(reasoning) == pytest.approx(model.median_tokens, rel=0.1)

@@ -10,19 +10,22 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import statistics
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from dynbranch.datasets import resolve_data_dir
-from dynbranch.decode_lengths import decision_of
+from dynbranch.decode_lengths import THINK_CLOSE, THINK_OPEN, decision_of
+from dynbranch.engines.tokenizer import count_tokens
 from dynbranch.errors import ConfigError, DataMissingError, MalformedRecordError
 from dynbranch.workflow import BranchCoordinate
 from dynbranch.workload import DataConfig, MeasuredCost
 from workloads import get_workload
 from workloads.analysis.trace import TraceContext, trace_all, trace_request
 from workloads.musique import load_decompositions, subtopic_entity
+from workloads.react.lengths import SUBAGENT_DECODE, SUBAGENT_LENGTHS, theta
 from workloads.subagent import (
     MAX_SUBTOPICS,
     NO_SUBTOPIC,
@@ -299,3 +302,22 @@ def test_real_decompositions_split_and_replay(real_dir):
     traces = trace_all(requests)
     assert all(r.score(t.outcome) == 1.0 for r, t in zip(requests, traces, strict=True))
     assert sum(len(t.outcome.subtopics) for t in traces) == 6404
+
+
+@pytest.mark.data
+def test_real_replayed_stages_decode_their_modelled_lengths(real_dir):
+    workload = SubAgentWorkload(tool_time="modelled")
+    data = DataConfig(real_dir, Path("/nonexistent-cache"))
+    requests = workload.requests(data, 300, 0, "test")
+    traces = trace_all(requests)
+    for stage, model in SUBAGENT_LENGTHS.items():
+        reasoning = []
+        for request, trace in zip(requests, traces, strict=True):
+            for rendered in trace.inputs(stage):
+                text = request.replay_text(rendered)
+                filler = text[len(THINK_OPEN) : text.rindex(THINK_CLOSE)]
+                n = SUBAGENT_DECODE.reasoning_tokens(rendered, theta(request.template.stage(stage)))
+                assert count_tokens(filler) == n and model.min_tokens <= n <= model.max_tokens
+                reasoning.append(n)
+        assert len(reasoning) >= 200
+        assert statistics.median(reasoning) == pytest.approx(model.median_tokens, rel=0.1)
