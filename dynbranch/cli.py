@@ -40,8 +40,9 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=4, help="engines (one per GPU)")
     p.add_argument("--fanout", type=int, default=DEFAULT_FANOUT,
                    help="max fills per branch (C2 arms)")
-    p.add_argument("--depth", type=int, default=DEFAULT_DEPTH,
-                   help="stages one fill may run (C2 arms)")
+    p.add_argument("--depth", type=int, default=None,
+                   help=f"stages one fill may run (C2 arms; default: the workload's, else "
+                        f"{DEFAULT_DEPTH})")
     p.add_argument("--gate", default="priced",
                    choices=["priced", "topk", "fixed-threshold", "priced-a1-only",
                             "priced-a0-fixed"],

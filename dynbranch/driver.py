@@ -62,7 +62,7 @@ class ReplayConfig:
     tool_time: str = "modelled"
     decode_lengths: str = "modelled"
     categories: tuple[str, ...] | None = None  # routing: BFCL categories (None: its default)
-    depth: int = DEFAULT_DEPTH
+    depth: int | None = None  # stages one fill may run; None: the workload's, else 2
     predictor: str | None = None
     drafter_profile: str = "qwen3-0.6b@h200"  # the sim drafter's profile
     drafter_model: str | None = None  # a real drafter (hf | vllm): its local model directory
@@ -138,6 +138,8 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     data = DataConfig(resolve_data_dir(cfg.data_dir), cache_dir())
     workload.fetch_data(data, progress)
     workload.check_data(data)
+    if cfg.depth is None:
+        cfg = dataclasses.replace(cfg, depth=workload.fill_depth or DEFAULT_DEPTH)
     instances = workload.requests(data, cfg.requests, cfg.seed, cfg.split)
     arrivals = arrival_times(cfg.requests, cfg.rate, cfg.seed, cfg.arrival, cfg.cv)
     # NOTE: plain floats: numpy scalars would leak into the loop's clock and every timestamp.

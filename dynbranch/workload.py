@@ -193,6 +193,9 @@ class Workload(ABC):
     name: str
     template: Template
     predictor: str = "frequency"  # the predictor C2 ranks this workload's branches with
+    fill_depth: int | None = None
+    """Stages one fill runs when the run sets no ``--depth`` (``None``: the run's default);
+    a workload whose unit of fill is longer (a whole sub-agent) says so here."""
 
     def fetch_data(self, data: DataConfig, progress: Callable[[str], None] = print) -> None:
         """Fetch what this workload can fetch by itself into ``data.cache_dir`` (default: nothing)."""

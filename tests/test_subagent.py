@@ -10,18 +10,22 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import statistics
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
 from dynbranch.datasets import resolve_data_dir
+from dynbranch.decode_lengths import THINK_CLOSE, THINK_OPEN, decision_of
+from dynbranch.engines.tokenizer import count_tokens
 from dynbranch.errors import ConfigError, DataMissingError, MalformedRecordError
 from dynbranch.workflow import BranchCoordinate
 from dynbranch.workload import DataConfig, MeasuredCost
 from workloads import get_workload
 from workloads.analysis.trace import TraceContext, trace_all, trace_request
 from workloads.musique import load_decompositions, subtopic_entity
+from workloads.react.lengths import SUBAGENT_DECODE, SUBAGENT_LENGTHS, theta
 from workloads.subagent import (
     MAX_SUBTOPICS,
     NO_SUBTOPIC,
@@ -30,6 +34,7 @@ from workloads.subagent import (
     SubAgentWorkload,
     parse_plan,
 )
+from workloads.subagent.template import SUBAGENT_STAGES
 
 FIXTURE = Path(__file__).parent / "fixtures" / "musique"
 DATA = DataConfig(FIXTURE, Path("/nonexistent-cache"))
@@ -171,24 +176,31 @@ def test_replay_of_each_stage():
     request = by_record(fixture_requests(), "2hop__1007_1008")
     trace = trace_request(request)
     (plan,) = trace.inputs("plan")
-    assert request.replay_text(plan) == (
+    assert decision_of(request.replay_text(plan)) == (
         "what is the capital of elandria\nPort Verity >> which river flows through Port Verity"
+    )
+    think = TEMPLATE.stage("sub_think").render({"subtopic": "Port Verity >> mayor"})
+    assert decision_of(request.replay_text(think)) == (
+        " I need to find out: mayor\nAction: search[Port Verity]"
     )
     research = TEMPLATE.stage("research")
     off = research.render(
         {"subtopic": "Port Verity >> mayor", "passages": [{"title": "Port Verity", "text": "..."}]}
     )
-    assert request.replay_text(off) == "Port Verity"  # plausible: the top passage's title
+    assert decision_of(request.replay_text(off)) == "Port Verity"  # the top passage's title
     empty = research.render({"subtopic": "Nowhere >> mayor", "passages": []})
-    assert request.replay_text(empty) == "unknown"
+    assert decision_of(request.replay_text(empty)) == "unknown"
     synth = TEMPLATE.stage("synthesise").render(
         request.synthesise_values(["a"], ["anything at all"])
     )
-    assert request.replay_text(synth) == "the Silvermere River"
+    assert decision_of(request.replay_text(synth)) == "the Silvermere River"
+    for rendered in (plan, think, off, synth):  # reasoning first, the decision last
+        assert request.replay_text(rendered).startswith("<think>\n")
     stranger = TEMPLATE.stage("plan").render({"question": "Who?"})
     assert request.replay_text(stranger) is None
     assert request.replay_text(TEMPLATE.stage("retrieve").render({"query": "x", "k": 3})) is None
     assert request.replay_text(research.render({"subtopic": "x", "passages": "?"})) is None
+    assert request.replay_text(TEMPLATE.stage("sub_think").render({"subtopic": " "})) is None
 
 
 def test_parse_plan():
@@ -222,19 +234,16 @@ def test_fill_values_match_the_canonical_inputs():
             for s in request.record.steps:
                 fills[s.subtopic] = request.fill_values(point.coordinate, s.subtopic)
             assert request.fill_values(point.coordinate, NO_SUBTOPIC) is None
+            assert not request.fillable(point, NO_SUBTOPIC)
             assert request.fill_values(BranchCoordinate("subagent", "plan", 1), "x") is None
             return super().branch(point)
 
     ctx = Spy(request)
     asyncio.run(request.run(ctx))
-    retrieves = {r.fields["query"]: r.input_digest for r in ctx.trace.inputs("retrieve")}
-    for fill in fills.values():
-        assert TEMPLATE.stage("retrieve").render(fill).input_digest == retrieves[fill["query"]]
-    research = {r.fields["subtopic"]: r.input_digest for r in ctx.trace.inputs("research")}
+    thinks = {r.fields["subtopic"]: r.input_digest for r in ctx.trace.inputs("sub_think")}
     for subtopic, fill in fills.items():
-        passages = request.tool("retrieve").call(fill).value
-        values = request.research_values(subtopic, passages)
-        assert TEMPLATE.stage("research").render(values).input_digest == research[subtopic]
+        assert fill == {"subtopic": subtopic}
+        assert TEMPLATE.stage("sub_think").render(fill).input_digest == thinks[subtopic]
     assert request.fill_values(PLAN_COORDINATE, "Mira Calloway >> spouse") is None  # closed
 
 
@@ -253,7 +262,7 @@ def test_speculate_runs_whole_sub_agents_ahead():
 
     ctx = Early(request)
     asyncio.run(request.run(ctx))
-    for stage in ("retrieve", "research"):
+    for stage in SUBAGENT_STAGES:
         canonical = sorted(r.input_digest for r in ctx.trace.inputs(stage))
         assert sorted(r.input_digest for r in fill.trace.inputs(stage)) == canonical
     assert fill.trace.inputs("plan") == [] and fill.trace.inputs("synthesise") == []
@@ -293,3 +302,22 @@ def test_real_decompositions_split_and_replay(real_dir):
     traces = trace_all(requests)
     assert all(r.score(t.outcome) == 1.0 for r, t in zip(requests, traces, strict=True))
     assert sum(len(t.outcome.subtopics) for t in traces) == 6404
+
+
+@pytest.mark.data
+def test_real_replayed_stages_decode_their_modelled_lengths(real_dir):
+    workload = SubAgentWorkload(tool_time="modelled")
+    data = DataConfig(real_dir, Path("/nonexistent-cache"))
+    requests = workload.requests(data, 300, 0, "test")
+    traces = trace_all(requests)
+    for stage, model in SUBAGENT_LENGTHS.items():
+        reasoning = []
+        for request, trace in zip(requests, traces, strict=True):
+            for rendered in trace.inputs(stage):
+                text = request.replay_text(rendered)
+                filler = text[len(THINK_OPEN) : text.rindex(THINK_CLOSE)]
+                n = SUBAGENT_DECODE.reasoning_tokens(rendered, theta(request.template.stage(stage)))
+                assert count_tokens(filler) == n and model.min_tokens <= n <= model.max_tokens
+                reasoning.append(n)
+        assert len(reasoning) >= 200
+        assert statistics.median(reasoning) == pytest.approx(model.median_tokens, rel=0.1)

@@ -113,11 +113,14 @@ def entity_ranker_top3(
     k: int = 3,
     top_k: int = 3,
     weights: RankerWeights | None = None,
+    from_hop: int = 1,
 ) -> dict[str, Any]:
     """Coverage of the entity ranker: how often ReAct's next search is in its top ``k``.
 
-    Over every ``think`` branch of the split's replayed requests that has a previous passage
-    (hop ≥ 1) and resolves to a search, the ranker ranks from the branch's evidence alone;
+    Over every ``think`` branch of the split's replayed requests from hop ``from_hop`` on
+    (by default hop ≥ 1, where the evidence is a previous hop's passages; ``from_hop=0`` adds
+    hop 0, whose evidence is the question) that resolves to a search, the ranker ranks from
+    the branch's evidence alone;
     ``covered`` counts exact matches of the searched entity (what a fill must render to be
     promoted). ``in_passages`` is the ceiling: the entity occurs in the passages at all.
     """
@@ -131,7 +134,7 @@ def entity_ranker_top3(
         for point, chosen in trace.branches:
             entity = chosen[0]
             passages = point.evidence.get("passages") or []
-            if not passages or entity in (FINISH, INVALID):
+            if point.coordinate.step < from_hop or not passages or entity in (FINISH, INVALID):
                 continue
             ranked = rank_entities(point.evidence, k, weights)
             branches += 1

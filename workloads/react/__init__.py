@@ -1,7 +1,9 @@
-"""ReAct: multi-hop MuSiQue questions answered by think → search hops over BM25 (DESIGN.md §4).
+"""ReAct: multi-hop MuSiQue questions answered by think → search → read hops over BM25
+(DESIGN.md §4).
 
 Modules: :mod:`~workloads.react.retrieval` (the combined corpus, its BM25 index and the
-``retrieve`` tool, shared with Sub-Agent), :mod:`~workloads.react.template`,
+``retrieve`` tool, shared with Sub-Agent), :mod:`~workloads.react.lengths` (what the
+replayed LLM stages of both MuSiQue workloads decode), :mod:`~workloads.react.template`,
 :mod:`~workloads.react.request` and :mod:`~workloads.react.workload`; data, hop chains,
 split and EM/F1 in :mod:`workloads.musique`.
 """

@@ -21,8 +21,12 @@ class MusiqueWorkload(Workload):
     duration; or ``modelled``) and ``top_k`` (passages per search).
     """
 
-    def __init__(self, tool_time: str = "measured", top_k: int = DEFAULT_TOP_K,
-                 decode_lengths: str = "modelled") -> None:
+    def __init__(
+        self,
+        tool_time: str = "measured",
+        top_k: int = DEFAULT_TOP_K,
+        decode_lengths: str = "modelled",
+    ) -> None:
         if tool_time not in TOOL_TIMES:
             raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
         if not 1 <= top_k <= MAX_K:

@@ -1,18 +1,22 @@
 """One ReAct request: its hop loop, its replay oracle and its score.
 
-Control flow: ``think`` decides (a branch); a ``search[e]`` runs ``retrieve`` for ``e`` and
-appends ``{"search": e, "passages": [...]}`` to the trajectory; ``finish[a]`` ends the request
-with answer ``a``. At most :data:`MAX_THINKS` decisions; an action that does not parse ends
-the request without an answer.
+Control flow: ``think`` decides (a branch); a ``search[e]`` runs ``retrieve`` for ``e``, then
+``read`` over the passages, and appends ``{"search": e, "observation": <the read's
+observation>}`` to the trajectory; ``finish[a]`` ends the request with answer ``a``. At most
+:data:`MAX_THINKS` decisions; an action that does not parse ends the request without an
+answer. What the workflow reads of an LLM output is its decision
+(:func:`~dynbranch.decode_lengths.decision_of`), never the modelled reasoning before it.
 
-Replay (:meth:`ReActRequest.replay_text`) is a pure function of the rendered input. The
-recorded path is the record's hop chain (:mod:`workloads.musique`): at hop ``h`` of a
-trajectory whose searches equal the chain's first ``h`` entities, it answers a thought and
-``search[<entity h>]``, and after the last hop ``finish[<gold answer>]``. MuSiQue records no
-reasoning text, so the thought is written from the step (``"I need the spouse of Steve
-Hillage."``): it stands in for the decode length, not for a model's words. Off the recorded
-path (a fill that searched another entity) it answers a deterministic plausible action:
-search the title of the top passage just read, or finish when that was searched already.
+Replay (:meth:`ReActRequest.replay_text`) is a pure function of the rendered input, wrapped
+in the workload's decode model (reasoning first, then the decision). The recorded path is
+the record's hop chain (:mod:`workloads.musique`): at hop ``h`` of a trajectory whose
+searches and observations equal the chain's first ``h`` steps, ``think`` answers a thought
+and ``search[<entity h>]``, and after the last hop ``finish[<gold answer>]``; ``read`` of a
+chain entity observes that step's answer (:func:`observation_text`). MuSiQue records no
+reasoning or thought text, so those are written from the step (``"I need the spouse of
+Steve Hillage."``): they stand in for the decode, not for a model's words. Off the recorded
+path (a fill that searched another entity) ``read`` observes what the top passage is about,
+and ``think`` gives up with ``finish[unknown]``.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynbranch.decode_lengths import RECORDED, DecodeModel, decision_of
 from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
 from dynbranch.workload import RequestInstance, StageContext, Tool
 from workloads.musique import SUBTOPIC_SEP, MusiqueRecord, Step, exact_match, f1_score
+from workloads.react.lengths import theta
 from workloads.react.retrieval import TOOL_NAME, RetrieveTool, passage_values
 from workloads.react.template import FINISH, INVALID, TEMPLATE, WORKFLOW
 
@@ -32,7 +38,9 @@ from workloads.react.template import FINISH, INVALID, TEMPLATE, WORKFLOW
 # a request whose model never finishes.
 MAX_THINKS = 8
 UNKNOWN_ANSWER = "unknown"
+QUESTION_PASSAGE_TITLE = ""
 _ACTION = re.compile(r"Action:\s*(search|finish)\[(.*)\]\s*$", re.S)
+_OBSERVATION = "Observation:"
 
 
 @dataclass(frozen=True)
@@ -44,11 +52,19 @@ class Action:
 
 
 def parse_action(text: str) -> Action | None:
-    """The action at the end of a ``think`` output, or ``None`` when there is none."""
-    match = _ACTION.search(text.strip())
+    """The action at the end of a ``think`` output's decision, or ``None`` when there is none."""
+    match = _ACTION.search(decision_of(text).strip())
     if match is None or not match.group(2).strip():
         return None
     return Action(match.group(1), match.group(2).strip())
+
+
+def parse_observation(text: str) -> str:
+    """What a ``read`` output observed: its decision after ``Observation:`` (all of it when
+    the marker is missing)."""
+    decision = decision_of(text).strip()
+    i = decision.find(_OBSERVATION)
+    return decision[i + len(_OBSERVATION) :].strip() if i >= 0 else decision
 
 
 @dataclass
@@ -58,13 +74,14 @@ class ReActOutcome:
     record_id: str
     kind: str
     searches: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
     answer: str | None = None
     thinks: int = 0
     invalid: str | None = None
 
 
 def search_text(step: Step, earlier: Sequence[Step]) -> str:
-    """The replayed ``think`` output that searches ``step``'s entity."""
+    """The replayed ``think`` decision that searches ``step``'s entity."""
     said = f"The passages give {earlier[-1].answer}. " if earlier else ""
     if SUBTOPIC_SEP.strip() in step.question:
         need = f"I need the {step.ask} of {step.entity}."
@@ -74,8 +91,15 @@ def search_text(step: Step, earlier: Sequence[Step]) -> str:
 
 
 def finish_text(answer: str) -> str:
-    """The replayed ``think`` output that finishes with ``answer``."""
+    """The replayed ``think`` decision that finishes with ``answer``."""
     return f" The passages give the answer, {answer}.\nAction: finish[{answer}]"
+
+
+def observation_text(step: Step) -> str:
+    """What ``read`` observes on the recorded path: the step's ask and its answer."""
+    if SUBTOPIC_SEP.strip() in step.question:
+        return f"The {step.ask} of {step.entity} is {step.answer}."
+    return f"{step.ask.rstrip(' ?')}? {step.answer}."
 
 
 class ReActRequest(RequestInstance):
@@ -84,9 +108,15 @@ class ReActRequest(RequestInstance):
     template = TEMPLATE
 
     def __init__(
-        self, request_id: str, record: MusiqueRecord, tool: RetrieveTool, top_k: int = 3
+        self,
+        request_id: str,
+        record: MusiqueRecord,
+        tool: RetrieveTool,
+        top_k: int = 3,
+        decode: DecodeModel = RECORDED,
     ) -> None:
         self.request_id, self.record, self._tool, self.top_k = request_id, record, tool, top_k
+        self.decode = decode
         self._open: dict[BranchCoordinate, list[dict[str, Any]]] = {}
 
     # -- control flow -------------------------------------------------------------------------
@@ -94,8 +124,9 @@ class ReActRequest(RequestInstance):
     async def run(self, ctx: StageContext) -> ReActOutcome:
         outcome = ReActOutcome(self.record.id, self.record.kind)
         trajectory: list[dict[str, Any]] = []
+        passages: list[dict[str, str]] = []  # the last hop's, for the next branch's evidence
         for hop in range(MAX_THINKS):
-            action = await self._think(ctx, hop, trajectory)
+            action = await self._think(ctx, hop, trajectory, passages)
             outcome.thinks += 1
             if action is None:
                 outcome.invalid = "the think output has no search[...] or finish[...] action"
@@ -103,14 +134,19 @@ class ReActRequest(RequestInstance):
             if action.kind == "finish":
                 outcome.answer = action.argument
                 break
-            passages = await ctx.tool("retrieve", self.retrieve_values(action.argument))
-            trajectory.append({"search": action.argument, "passages": passage_values(passages)})
+            found = await ctx.tool("retrieve", self.retrieve_values(action.argument))
+            passages = passage_values(found)
+            read = await ctx.llm("read", self.read_values(action.argument, passages))
+            trajectory.append({"search": action.argument, "observation": parse_observation(read)})
             outcome.searches.append(action.argument)
+            outcome.observations.append(trajectory[-1]["observation"])
         return outcome
 
-    async def _think(self, ctx: StageContext, hop: int, trajectory: list) -> Action | None:
+    async def _think(
+        self, ctx: StageContext, hop: int, trajectory: list, passages: list[dict[str, str]]
+    ) -> Action | None:
         coordinate = BranchCoordinate(WORKFLOW, "think", hop)
-        point = BranchPoint(coordinate, (), evidence=self.evidence(trajectory))
+        point = BranchPoint(coordinate, (), evidence=self.evidence(trajectory, passages))
         self._open[coordinate] = list(trajectory)
         try:
             async with ctx.branch(point) as branch:
@@ -123,34 +159,73 @@ class ReActRequest(RequestInstance):
             self._open.pop(coordinate, None)
         return action
 
-    def evidence(self, trajectory: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """What a predictor may see at a think branch: the question, the entities searched
-        so far and the passages the previous hop returned (none at hop 0)."""
+    def evidence(
+        self, trajectory: Sequence[Mapping[str, Any]], passages: Sequence[Mapping[str, str]] = ()
+    ) -> dict[str, Any]:
+        """What a predictor may see at a think branch, all known when it opens.
+
+        ``question``; ``searched`` (the entities searched so far); ``passages``: the passages
+        the previous hop returned, best first — at hop 0, where nothing was retrieved yet,
+        the question itself as the one text read (``{"title": "", "text": question}``), so a
+        ranker of names in passages can rank the entities the question names;
+        ``observation``: what the previous hop's ``read`` observed (``""`` at hop 0).
+
+        NOTE: on replay the observation states the recorded step's answer, which is usually
+        the next hop's entity (91 % of the test split's later hops), even where the passages
+        do not contain it (28 % of them): a predictor that reads it is measured against a
+        reader that never misses. The shipped entity ranker reads ``passages`` only.
+        """
+        read = (
+            [dict(p) for p in passages]
+            if trajectory
+            else [{"title": QUESTION_PASSAGE_TITLE, "text": self.record.question}]
+        )
         return {
             "question": self.record.question,
             "searched": [t["search"] for t in trajectory],
-            "passages": [dict(p) for p in trajectory[-1]["passages"]] if trajectory else [],
+            "passages": read,
+            "observation": trajectory[-1]["observation"] if trajectory else "",
         }
 
     def think_values(self, trajectory: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """The ``think`` stage's input values after ``trajectory``."""
-        return {"question": self.record.question, "trajectory": list(trajectory)}
+        return {"question": self.record.question, "trajectory": [dict(t) for t in trajectory]}
 
     def retrieve_values(self, entity: str) -> dict[str, Any]:
         """The ``retrieve`` stage's input values for a search of ``entity``."""
         return {"query": entity, "k": self.top_k}
 
+    def read_values(self, entity: str, passages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The ``read`` stage's input values for the passages a search of ``entity`` found."""
+        return {
+            "question": self.record.question,
+            "search": entity,
+            "passages": passage_values(passages),
+        }
+
+    # -- early fill ---------------------------------------------------------------------------
+
+    def fillable(self, point: BranchPoint, candidate: str) -> bool:
+        return self.fill_values(point.coordinate, candidate) is not None
+
     async def speculate(self, ctx: StageContext, point: BranchPoint, candidate: str) -> None:
         """C2's fill of the ``hop`` subgraph for ``candidate`` at the open think branch: the
-        retrieve of ``candidate``, then the next ``think`` on the trajectory it would extend
-        (both rendered exactly as :meth:`run` renders them if ``think`` decides
-        ``search[candidate]``). Nothing for :data:`FINISH` or a branch not open."""
-        opened = self._open.get(point.coordinate)
-        if opened is None or self.fill_values(point.coordinate, candidate) is None:
+        retrieve of ``candidate`` and the read of its passages, rendered exactly as
+        :meth:`run` renders them if ``think`` decides ``search[candidate]``. Nothing for
+        :data:`FINISH` or a branch not open.
+
+        NOTE: the fill ends with the read (the paper's one run-ahead cycle). The next
+        ``think`` is the next branch's decision: running it ahead would decide that branch
+        too, which the paper finds consumes nothing; and a fill that ends on its own is
+        ``done``, so the priced gate learns its execution time from it.
+        """
+        if (
+            point.coordinate not in self._open
+            or self.fill_values(point.coordinate, candidate) is None
+        ):
             return
-        passages = await ctx.tool("retrieve", self.retrieve_values(candidate))
-        step = {"search": candidate, "passages": passage_values(passages)}
-        await ctx.llm("think", self.think_values([*opened, step]))
+        found = await ctx.tool("retrieve", self.retrieve_values(candidate))
+        await ctx.llm("read", self.read_values(candidate, passage_values(found)))
 
     def fill_values(self, coordinate: BranchCoordinate, candidate: str) -> dict[str, Any] | None:
         """The ``retrieve`` values a fill of ``candidate`` at the open branch renders.
@@ -162,17 +237,6 @@ class ReActRequest(RequestInstance):
             return None
         return self.retrieve_values(candidate)
 
-    def think_after(
-        self, coordinate: BranchCoordinate, candidate: str, passages: Sequence[Mapping[str, Any]]
-    ) -> dict[str, Any] | None:
-        """The next ``think``'s values once a fill's retrieve of ``candidate`` returned
-        ``passages`` (the rest of the ``hop`` subgraph); ``None`` off an open branch."""
-        opened = self._open.get(coordinate)
-        if opened is None or self.fill_values(coordinate, candidate) is None:
-            return None
-        step = {"search": candidate, "passages": passage_values(passages)}
-        return self.think_values([*opened, step])
-
     def tool(self, name: str) -> Tool:
         if name != TOOL_NAME:
             raise KeyError(f"react requests have one tool, {TOOL_NAME!r}; asked for {name!r}")
@@ -181,29 +245,41 @@ class ReActRequest(RequestInstance):
     # -- replay -------------------------------------------------------------------------------
 
     def replay_text(self, rendered: RenderedInput) -> str | None:
-        if rendered.stage != "think":
-            return None
         try:
-            return self._replay_think(rendered.fields)
+            if rendered.stage == "think":
+                decision = self._replay_think(rendered.fields)
+            elif rendered.stage == "read":
+                decision = self._replay_read(rendered.fields)
+            else:
+                return None
         except (KeyError, TypeError, AttributeError, IndexError):
             return None  # an input of a shape the trace never produced
+        if decision is None:
+            return None
+        return self.decode.wrap(rendered, decision, theta(self.template.stage(rendered.stage)))
 
     def _replay_think(self, fields: Mapping[str, Any]) -> str | None:
         if fields["question"] != self.record.question:
             return None
         trajectory = list(fields["trajectory"])
-        searched = [t["search"] for t in trajectory]
         steps, h = self.record.steps, len(trajectory)
-        if searched == list(self.record.chain[:h]):
-            if h < len(steps):
-                return search_text(steps[h], steps[:h])
-            return finish_text(self.record.answer)
-        # off the recorded path: follow the top passage just read, or give up
-        last = trajectory[-1]["passages"]
-        title = last[0]["title"] if last else None
-        if title and title not in searched and h < MAX_THINKS - 1:
-            return f" The passages mention {title}.\nAction: search[{title}]"
-        return f" The passages do not say.\nAction: finish[{UNKNOWN_ANSWER}]"
+        recorded = [{"search": s.entity, "observation": observation_text(s)} for s in steps[:h]]
+        if [dict(t) for t in trajectory] != recorded:
+            return f" The observations do not say.\nAction: finish[{UNKNOWN_ANSWER}]"
+        if h < len(steps):
+            return search_text(steps[h], steps[:h])
+        return finish_text(self.record.answer)
+
+    def _replay_read(self, fields: Mapping[str, Any]) -> str | None:
+        if fields["question"] != self.record.question:
+            return None
+        entity, passages = fields["search"], list(fields["passages"])
+        step = next((s for s in self.record.steps if s.entity == entity), None)
+        if step is not None:
+            return f"Observation: {observation_text(step)}"
+        if passages:
+            return f"Observation: The passages are about {passages[0]['title']}."
+        return f"Observation: Nothing was found for {entity}."
 
     # -- scoring ------------------------------------------------------------------------------
 

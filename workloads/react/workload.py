@@ -9,7 +9,9 @@ Drawing: :meth:`ReActWorkload.requests` permutes the split's records (file order
 ``random.Random(seed)``, re-shuffling for every further cycle when ``n`` exceeds the pool.
 Request ids are ``react-{index:05d}-{question id}``. Loading validates every record and the
 corpus and builds the BM25 index before any request runs, so the first retrieval of a run is
-not charged the index build.
+not charged the index build. Replayed LLM stages decode the reasoning of
+:data:`~workloads.react.lengths.REACT_DECODE` around their decisions (``decode_lengths``
+``modelled``, the default) or the decisions alone (``recorded``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynbranch.datasets import require_dataset
+from dynbranch.decode_lengths import choose
 from dynbranch.errors import MalformedRecordError
 from dynbranch.workload import DataConfig
 from workloads.musique import DEV_FULL, TRAIN_FULL, MusiqueRecord, draw, load_full
 from workloads.react.base import MusiqueWorkload
+from workloads.react.lengths import REACT_DECODE
 from workloads.react.request import ReActRequest
 from workloads.react.retrieval import (
     Bm25Index,
@@ -74,9 +78,14 @@ class ReActWorkload(MusiqueWorkload):
         self, data: DataConfig, n: int, seed: int, split: str = "test"
     ) -> Sequence[ReActRequest]:
         loaded, pool = self.load(data), self.pool(data, n, split)
+        decode = choose(self.decode_lengths, REACT_DECODE)
         return [
             ReActRequest(
-                f"react-{i:05d}-{r.id}", r, RetrieveTool(loaded.index, self.tool_time), self.top_k
+                f"react-{i:05d}-{r.id}",
+                r,
+                RetrieveTool(loaded.index, self.tool_time),
+                self.top_k,
+                decode,
             )
             for i, r in enumerate(draw(pool, n, seed))
         ]

@@ -31,9 +31,13 @@ SHARES: Mapping[str, float] = {"popular": 0.06, "repeat": 0.24, "shared": 0.45, 
 CATEGORIES = tuple(SHARES)
 
 
-def partial_overlap_mix(test: Sequence[MusiqueRecord], train: Sequence[MusiqueRecord], n: int,
-                        seed: int, shares: Mapping[str, float] = SHARES,
-                        ) -> list[tuple[MusiqueRecord, str]]:
+def partial_overlap_mix(
+    test: Sequence[MusiqueRecord],
+    train: Sequence[MusiqueRecord],
+    n: int,
+    seed: int,
+    shares: Mapping[str, float] = SHARES,
+) -> list[tuple[MusiqueRecord, str]]:
     """``n`` (record, category) pairs in arrival order (see the module docstring)."""
     rng = random.Random(seed)
     counts = _counts(n, shares)
@@ -42,8 +46,11 @@ def partial_overlap_mix(test: Sequence[MusiqueRecord], train: Sequence[MusiqueRe
     fresh_pool = [r for r in test if all(uses[s.subtopic] == 1 for s in r.steps)]
     fresh = rng.sample(fresh_pool, min(counts["fresh"], len(fresh_pool)))
     popular = rng.sample(list(train), min(counts["popular"], len(train)))
-    stream = ([(r, "shared") for r in shared] + [(r, "fresh") for r in fresh]
-              + [(r, "popular") for r in popular])
+    stream = (
+        [(r, "shared") for r in shared]
+        + [(r, "fresh") for r in fresh]
+        + [(r, "popular") for r in popular]
+    )
     rng.shuffle(stream)
     for original in rng.sample(range(len(stream)), min(counts["repeat"], len(stream))):
         record = stream[original][0]
@@ -59,8 +66,9 @@ def _counts(n: int, shares: Mapping[str, float]) -> dict[str, int]:
     return counts
 
 
-def _shared(test: Sequence[MusiqueRecord], uses: Counter, k: int,
-            rng: random.Random) -> list[MusiqueRecord]:
+def _shared(
+    test: Sequence[MusiqueRecord], uses: Counter, k: int, rng: random.Random
+) -> list[MusiqueRecord]:
     """``k`` test questions in groups that share a sub-topic, so each shares with another."""
     by_topic: dict[str, list[MusiqueRecord]] = {}
     for r in test:

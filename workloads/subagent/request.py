@@ -1,11 +1,19 @@
 """One Sub-Agent request: plan, concurrent sub-agents, synthesis; its replay and its score.
 
-Replay (:meth:`SubAgentRequest.replay_text`) is a pure function of the rendered input:
+Control flow: ``plan`` decides the sub-topics (a multi-valued branch); one sub-agent per
+sub-topic runs concurrently (``sub_think`` → ``retrieve`` → ``research``: a ReAct episode of
+its own, whose inputs hold the sub-topic and nothing of the parent question); ``synthesise``
+answers from the findings. The workflow reads each output's decision
+(:func:`~dynbranch.decode_lengths.decision_of`), never the modelled reasoning before it.
+
+Replay (:meth:`SubAgentRequest.replay_text`) is a pure function of the rendered input,
+wrapped in the workload's decode model (reasoning first, then the decision):
 
 * ``plan`` for the record's question answers its decomposition's sub-topics, one per line
   (:attr:`workloads.musique.Step.subtopic`). Bridge entities appear as the answers they
   stand for — the trace's resolution of them — so every sub-agent can start at once; the
   replayed planner is an oracle over the decomposition, not a model that has to wait.
+* ``sub_think`` for any sub-topic searches its entity (:func:`~workloads.musique.subtopic_entity`).
 * ``research`` for one of the record's sub-topics answers that step's gold answer, whatever
   the passages (MuSiQue records the answer, not the reading); for a sub-topic off the
   recorded plan (a fill for a wrong prediction), a deterministic plausible finding: the
@@ -13,9 +21,9 @@ Replay (:meth:`SubAgentRequest.replay_text`) is a pure function of the rendered 
 * ``synthesise`` for the record's question answers the gold answer, whatever the findings.
 
 Sub-topics recur across requests (MuSiQue composes questions from shared single-hop
-questions). A sub-topic that two records answer differently replays each record's own
-answer; cross-request reuse then serves the first one executed, as a deterministic model
-would, and the synthesis still answers gold.
+questions); no sub-topic of the 2,417 dev questions has two different answers, so a
+sub-agent replays the same text in every request that names it, as a deterministic model
+would.
 """
 
 from __future__ import annotations
@@ -25,9 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynbranch.decode_lengths import RECORDED, DecodeModel, decision_of
 from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
 from dynbranch.workload import RequestInstance, StageContext, Tool
-from workloads.musique import MusiqueRecord, exact_match, f1_score, subtopic_entity
+from workloads.musique import SUBTOPIC_SEP, MusiqueRecord, exact_match, f1_score, subtopic_entity
+from workloads.react.lengths import theta
+from workloads.react.request import parse_action
 from workloads.react.retrieval import TOOL_NAME, RetrieveTool, passage_values
 from workloads.subagent.template import NO_SUBTOPIC, TEMPLATE, WORKFLOW
 
@@ -39,14 +50,20 @@ PLAN_COORDINATE = BranchCoordinate(WORKFLOW, "plan", 0)
 
 
 def parse_plan(text: str) -> list[str]:
-    """The sub-topics in a ``plan`` output: non-empty lines, list markers stripped, first
-    occurrence of each kept, at most :data:`MAX_SUBTOPICS`."""
+    """The sub-topics in a ``plan`` output's decision: non-empty lines, list markers
+    stripped, first occurrence of each kept, at most :data:`MAX_SUBTOPICS`."""
     subtopics: list[str] = []
-    for line in text.splitlines():
+    for line in decision_of(text).splitlines():
         line = line.strip().lstrip("-*• ").strip()
         if line and line not in subtopics and line != NO_SUBTOPIC:
             subtopics.append(line)
     return subtopics[:MAX_SUBTOPICS]
+
+
+def sub_think_text(subtopic: str) -> str:
+    """The replayed ``sub_think`` decision for ``subtopic``: search the entity it names."""
+    ask = subtopic.split(SUBTOPIC_SEP, 1)[1] if SUBTOPIC_SEP in subtopic else subtopic
+    return f" I need to find out: {ask.strip()}\nAction: search[{subtopic_entity(subtopic)}]"
 
 
 @dataclass
@@ -66,9 +83,15 @@ class SubAgentRequest(RequestInstance):
     template = TEMPLATE
 
     def __init__(
-        self, request_id: str, record: MusiqueRecord, tool: RetrieveTool, top_k: int = 3
+        self,
+        request_id: str,
+        record: MusiqueRecord,
+        tool: RetrieveTool,
+        top_k: int = 3,
+        decode: DecodeModel = RECORDED,
     ) -> None:
         self.request_id, self.record, self._tool, self.top_k = request_id, record, tool, top_k
+        self.decode = decode
         self._answers: dict[str, str] = {}
         for step in record.steps:
             self._answers.setdefault(step.subtopic, step.answer)
@@ -90,20 +113,31 @@ class SubAgentRequest(RequestInstance):
         finally:
             self._planning = False
         outcome.findings = list(
-            await asyncio.gather(*(self._subagent(ctx, s) for s in outcome.subtopics))
+            await asyncio.gather(*(self.subagent(ctx, s) for s in outcome.subtopics))
         )
         values = self.synthesise_values(outcome.subtopics, outcome.findings)
-        outcome.answer = (await ctx.llm("synthesise", values)).strip()
+        outcome.answer = decision_of(await ctx.llm("synthesise", values)).strip()
         return outcome
 
-    async def _subagent(self, ctx: StageContext, subtopic: str) -> str:
-        passages = await ctx.tool("retrieve", self.retrieve_values(subtopic))
+    async def subagent(self, ctx: StageContext, subtopic: str) -> str:
+        """One sub-agent over ``subtopic``: think, search, read; returns its finding (a
+        finish without a search is taken as the finding; no action at all finds nothing)."""
+        action = parse_action(await ctx.llm("sub_think", self.sub_think_values(subtopic)))
+        if action is None:
+            return UNKNOWN_FINDING
+        if action.kind == "finish":
+            return action.argument
+        passages = await ctx.tool("retrieve", self.retrieve_values(action.argument))
         finding = await ctx.llm("research", self.research_values(subtopic, passages))
-        return finding.strip()
+        return decision_of(finding).strip()
 
-    def retrieve_values(self, subtopic: str) -> dict[str, Any]:
-        """The sub-agent's ``retrieve`` input: the sub-topic's entity and k."""
-        return {"query": subtopic_entity(subtopic), "k": self.top_k}
+    def sub_think_values(self, subtopic: str) -> dict[str, Any]:
+        """The sub-agent's ``sub_think`` input: the sub-topic alone."""
+        return {"subtopic": subtopic}
+
+    def retrieve_values(self, entity: str) -> dict[str, Any]:
+        """The sub-agent's ``retrieve`` input: the entity its think searched, and k."""
+        return {"query": entity, "k": self.top_k}
 
     def research_values(
         self, subtopic: str, passages: Sequence[Mapping[str, Any]]
@@ -114,6 +148,7 @@ class SubAgentRequest(RequestInstance):
     def synthesise_values(
         self, subtopics: Sequence[str], findings: Sequence[str]
     ) -> dict[str, Any]:
+        """The ``synthesise`` input: the question and each sub-topic's finding, in plan order."""
         return {
             "question": self.record.question,
             "findings": [
@@ -121,23 +156,27 @@ class SubAgentRequest(RequestInstance):
             ],
         }
 
+    # -- early fill ---------------------------------------------------------------------------
+
+    def fillable(self, point: BranchPoint, candidate: str) -> bool:
+        return self.fill_values(point.coordinate, candidate) is not None
+
     async def speculate(self, ctx: StageContext, point: BranchPoint, candidate: str) -> None:
         """C2's fill of a whole sub-agent (the ``subagent`` subgraph) for the predicted
-        sub-topic ``candidate`` while the plan branch is open; its inputs render exactly as
+        sub-topic ``candidate`` while the plan branch is open; its stages render exactly as
         :meth:`run` renders them if the plan names ``candidate``."""
         if self.fill_values(point.coordinate, candidate) is None:
             return
-        await self._subagent(ctx, candidate)
+        await self.subagent(ctx, candidate)
 
     def fill_values(self, coordinate: BranchCoordinate, candidate: str) -> dict[str, Any] | None:
-        """The ``retrieve`` values a fill of sub-topic ``candidate`` renders while the plan
-        branch is open (the research input follows from its passages with
-        :meth:`research_values`); ``None`` otherwise."""
+        """The ``sub_think`` values a fill of sub-topic ``candidate`` renders first while the
+        plan branch is open; ``None`` otherwise."""
         if coordinate != PLAN_COORDINATE or not self._planning:
             return None
         if not candidate.strip() or candidate == NO_SUBTOPIC:
             return None
-        return self.retrieve_values(candidate)
+        return self.sub_think_values(candidate)
 
     def tool(self, name: str) -> Tool:
         if name != TOOL_NAME:
@@ -147,18 +186,26 @@ class SubAgentRequest(RequestInstance):
     # -- replay -------------------------------------------------------------------------------
 
     def replay_text(self, rendered: RenderedInput) -> str | None:
-        fields = rendered.fields
         try:
-            if rendered.stage in ("plan", "synthesise"):
-                if fields["question"] != self.record.question:
-                    return None
-                if rendered.stage == "plan":
-                    return "\n".join(dict.fromkeys(s.subtopic for s in self.record.steps))
-                return self.record.answer
-            if rendered.stage == "research":
-                return self._replay_research(fields["subtopic"], fields["passages"])
-        except (KeyError, TypeError, IndexError):
+            decision = self._replay_decision(rendered.stage, rendered.fields)
+        except (KeyError, TypeError, IndexError, AttributeError):
             return None  # an input of a shape the trace never produced
+        if decision is None:
+            return None
+        return self.decode.wrap(rendered, decision, theta(self.template.stage(rendered.stage)))
+
+    def _replay_decision(self, stage: str, fields: Mapping[str, Any]) -> str | None:
+        if stage in ("plan", "synthesise"):
+            if fields["question"] != self.record.question:
+                return None
+            if stage == "plan":
+                return "\n".join(dict.fromkeys(s.subtopic for s in self.record.steps))
+            return self.record.answer
+        if stage == "sub_think":
+            subtopic = fields["subtopic"]
+            return sub_think_text(subtopic) if subtopic.strip() else None
+        if stage == "research":
+            return self._replay_research(fields["subtopic"], fields["passages"])
         return None
 
     def _replay_research(self, subtopic: str, passages: Sequence[Mapping[str, Any]]) -> str:

@@ -1,23 +1,28 @@
-"""The ``subagent`` workflow template: plan → (retrieve → research) per sub-topic → synthesise.
+"""The ``subagent`` workflow template: plan → a sub-agent per sub-topic → synthesise.
 
-* ``plan`` (LLM, speculable, greedy): the question → research sub-topics, one per line, as
-  ``<entity> >> <what to find out>``. A multi-valued branch at
+* ``plan`` (LLM, speculable, greedy): the question → reasoning, then research sub-topics,
+  one per line, as ``<entity> >> <what to find out>``. A multi-valued branch at
   ``BranchCoordinate("subagent", "plan", 0)`` with an open vocabulary: it resolves to every
   sub-topic named, and all of their results are kept.
-* per sub-topic, concurrently, a **sub-agent**: ``retrieve`` (tool ``retrieve``, the BM25 tool
-  of :mod:`workloads.react.retrieval`) for the sub-topic's entity, then ``research`` (LLM,
-  speculable, greedy): the sub-topic and its passages → a short finding. Neither input holds
-  the parent question, so the same sub-task in two requests renders byte-identically.
-* ``synthesise`` (LLM, speculable, greedy): the question and the findings in plan order → the
-  answer.
+* per sub-topic, concurrently, a **sub-agent**: a ReAct episode of its own over the
+  sub-topic alone. ``sub_think`` (LLM, speculable, greedy): the sub-topic → reasoning and
+  ``search[<entity>]``; ``retrieve`` (tool ``retrieve``, the BM25 tool of
+  :mod:`workloads.react.retrieval`) for that entity; ``research`` (LLM, speculable, greedy):
+  the sub-topic and its passages → reasoning and a short finding. No sub-agent input holds
+  the parent question, so the same sub-task in two requests renders byte-identically and
+  C1 serves the second one the first one's sub-agent.
+* ``synthesise`` (LLM, speculable, greedy): the question and the findings in plan order →
+  reasoning and the answer.
 
-``subagent`` is the self-contained subgraph retrieve + research that early fill runs for a
-predicted sub-topic.
+``subagent`` is the self-contained subgraph sub_think → retrieve → research that early fill
+runs for a predicted sub-topic: a fill hides a whole sub-agent (three stages, the
+workload's fill depth).
 """
 
 from __future__ import annotations
 
 from dynbranch.workflow import SamplingParams, StageSpec, SubgraphSpec, Template
+from workloads.react.lengths import STAGE_MAX_TOKENS
 from workloads.react.retrieval import TOOL_NAME, TOOL_SCHEMA_VERSION
 
 WORKFLOW = "subagent"
@@ -29,6 +34,12 @@ PLAN_PROMPT = (
     "Name each bridge entity as the answer it stands for.\n\n"
     "Question: {question}\n\n"
     "Sub-topics:\n"
+)
+SUB_THINK_PROMPT = (
+    "You are a research sub-agent. Think about the sub-topic, then write one action: "
+    "search[<entity>] to read the passages about the entity it names.\n\n"
+    "Sub-topic: {subtopic}\n\n"
+    "Thought:"
 )
 RESEARCH_PROMPT = (
     "You are a research sub-agent. Using only the passages below, answer the sub-topic in a "
@@ -50,7 +61,16 @@ PLAN = StageSpec(
     ("question",),
     prompt=PLAN_PROMPT,
     model="target",
-    sampling=SamplingParams(max_tokens=256),
+    sampling=SamplingParams(max_tokens=STAGE_MAX_TOKENS),
+    speculable=True,
+)
+SUB_THINK = StageSpec(
+    "sub_think",
+    "llm",
+    ("subtopic",),
+    prompt=SUB_THINK_PROMPT,
+    model="target",
+    sampling=SamplingParams(max_tokens=STAGE_MAX_TOKENS),
     speculable=True,
 )
 RETRIEVE = StageSpec(
@@ -67,7 +87,7 @@ RESEARCH = StageSpec(
     ("subtopic", "passages"),
     prompt=RESEARCH_PROMPT,
     model="target",
-    sampling=SamplingParams(max_tokens=64),
+    sampling=SamplingParams(max_tokens=STAGE_MAX_TOKENS),
     speculable=True,
 )
 SYNTHESISE = StageSpec(
@@ -76,13 +96,15 @@ SYNTHESISE = StageSpec(
     ("question", "findings"),
     prompt=SYNTHESISE_PROMPT,
     model="target",
-    sampling=SamplingParams(max_tokens=64),
+    sampling=SamplingParams(max_tokens=STAGE_MAX_TOKENS),
     speculable=True,
 )
 
 TEMPLATE = Template(
     WORKFLOW,
-    "1",
-    [PLAN, RETRIEVE, RESEARCH, SYNTHESISE],
-    [SubgraphSpec("subagent", "retrieve", ("research",))],
+    "2",
+    [PLAN, SUB_THINK, RETRIEVE, RESEARCH, SYNTHESISE],
+    [SubgraphSpec("subagent", "sub_think", ("retrieve", "research"))],
 )
+SUBAGENT_STAGES = ("sub_think", "retrieve", "research")
+"""The stages of one sub-agent, in the order they run."""

@@ -10,7 +10,10 @@ findings are replayed from the record either way).
 Drawing: :meth:`SubAgentWorkload.requests` permutes the split's records with
 ``random.Random(seed)``, re-shuffling for every further cycle when ``n`` exceeds the pool.
 Request ids are ``subagent-{index:05d}-{question id}``. Loading validates every record and
-the corpus and builds the index before any request runs.
+the corpus and builds the index before any request runs. Replayed LLM stages decode the
+reasoning of :data:`~workloads.react.lengths.SUBAGENT_DECODE` around their decisions
+(``decode_lengths`` ``modelled``, the default) or the decisions alone (``recorded``). A fill
+runs a whole sub-agent: the workload's fill depth is its three stages.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dynbranch.datasets import require_dataset
+from dynbranch.decode_lengths import choose
 from dynbranch.errors import ConfigError
 from dynbranch.workload import DataConfig
 from workloads.musique import (
@@ -29,6 +33,7 @@ from workloads.musique import (
     load_decompositions,
 )
 from workloads.react.base import DEFAULT_TOP_K, MusiqueWorkload
+from workloads.react.lengths import SUBAGENT_DECODE
 from workloads.react.retrieval import (
     Bm25Index,
     RetrieveTool,
@@ -37,7 +42,7 @@ from workloads.react.retrieval import (
 )
 from workloads.subagent.mix import partial_overlap_mix
 from workloads.subagent.request import SubAgentRequest
-from workloads.subagent.template import TEMPLATE
+from workloads.subagent.template import SUBAGENT_STAGES, TEMPLATE
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,17 @@ class SubAgentWorkload(MusiqueWorkload):
     name = "subagent"
     template = TEMPLATE
     predictor = "recall"
+    # NOTE: a fill is a whole sub-agent, so it may run all of its stages unless the run
+    # says otherwise (--depth).
+    fill_depth = len(SUBAGENT_STAGES)
 
-    def __init__(self, tool_time: str = "measured", top_k: int = DEFAULT_TOP_K,
-                 mix: str | None = None, decode_lengths: str = "modelled") -> None:
+    def __init__(
+        self,
+        tool_time: str = "measured",
+        top_k: int = DEFAULT_TOP_K,
+        mix: str | None = None,
+        decode_lengths: str = "modelled",
+    ) -> None:
         if mix not in (None, "partial-overlap"):
             raise ConfigError(f"subagent mix {mix!r}: choose 'partial-overlap' or none")
         super().__init__(tool_time, top_k, decode_lengths)
@@ -82,6 +95,7 @@ class SubAgentWorkload(MusiqueWorkload):
         self, data: DataConfig, n: int, seed: int, split: str = "test"
     ) -> Sequence[SubAgentRequest]:
         loaded, pool = self.load(data), self.pool(data, n, split)
+        decode = choose(self.decode_lengths, SUBAGENT_DECODE)
         if self.mix == "partial-overlap":
             train = self.records(data, "train" if split == "test" else "test")
             stream = partial_overlap_mix(pool, train, n, seed)
@@ -93,6 +107,7 @@ class SubAgentWorkload(MusiqueWorkload):
                 r,
                 RetrieveTool(loaded.index, self.tool_time),
                 self.top_k,
+                decode,
             )
             for i, (r, category) in enumerate(stream)
         ]
