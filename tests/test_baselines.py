@@ -24,13 +24,13 @@ from dynbranch.baselines import (
     instcache_arm,
 )
 from dynbranch.baselines.instcache import request_input, request_key
-from dynbranch.baselines.offline import precompute
 from dynbranch.canonical import value_digest
 from dynbranch.clock import VirtualClock
 from dynbranch.engines.protocol import GenerateRequest
 from dynbranch.errors import ConfigError
 from dynbranch.fill import NoSpeculation
 from dynbranch.orchestrator import Orchestrator
+from dynbranch.runtime.offline import precompute
 from dynbranch.runtime.placement import LeastOutstanding
 from dynbranch.runtime.run import RunContext
 from dynbranch.workflow import StageSpec, Template

@@ -573,3 +573,19 @@ def test_the_gates_default_fanout_is_the_runs():
     from dynbranch.runtime.run import DEFAULT_FANOUT, FillOptions
 
     assert GateConfig().fanout == DEFAULT_FANOUT == FillOptions().fanout
+
+
+def test_a_step_with_two_unlucky_returns_inherits_its_stages_payoff():
+    # returns are bimodal: most entries save nothing, a consumed fill saves seconds. A step
+    # whose first two entries saved nothing stays open while its stage pays on average.
+    gate = Gate(MODEL, GateConfig(generation_audit_rate=0.0))
+    for i in range(20):
+        gate.settle(f"w/router/{i % 4}", BranchReturn(saved_ms=3000.0 if i % 2 else 0.0,
+                                                       fill_cost_ms=200.0))
+    for _ in range(2):
+        gate.settle("w/router/9", BranchReturn(saved_ms=0.0, fill_cost_ms=200.0))
+    assert gate.generation("w/router/9", 0.0).open
+    alone = Gate(MODEL, GateConfig(generation_audit_rate=0.0))  # no stage to learn from
+    for _ in range(2):
+        alone.settle("w/router/9", BranchReturn(saved_ms=0.0, fill_cost_ms=200.0))
+    assert not alone.generation("w/router/9", 0.0).open

@@ -8,7 +8,7 @@ from dynbranch.arms.oracle import BranchOutcomes, OraclePredictor
 from dynbranch.driver import ReplayConfig, prepare, run_replay
 from dynbranch.errors import ConfigError
 from dynbranch.predictors import BranchContext
-from dynbranch.workflow import BranchCoordinate
+from dynbranch.workflow import BranchCoordinate, BranchPoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bfcl"
 
@@ -19,7 +19,9 @@ def _ctx(rid, step=0):
 
 def test_the_oracle_ranks_each_entrys_resolution_in_order():
     outcomes = BranchOutcomes()
-    outcomes.add("q", [("w/r/0", ("b",)), ("w/r/0", ("c", "a")), ("w/r/1", ("a",))])
+    p0 = BranchPoint(BranchCoordinate("w", "r", 0), ("a", "b", "c"))
+    p1 = BranchPoint(BranchCoordinate("w", "r", 1), ("a", "b", "c"))
+    outcomes.add("q", [(p0, ("b",)), (p0, ("c", "a")), (p1, ("a",))])
     oracle = OraclePredictor(outcomes)
     assert oracle.rank(_ctx("q"), 3) == ["b"]
     oracle.observe(_ctx("q"), ("b",))  # resolved: the second entry of w/r/0 is next

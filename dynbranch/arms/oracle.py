@@ -2,7 +2,7 @@
 
 It is the one arm allowed to see the trace's future. Before the clock starts it runs fresh
 copies of the run's own requests to their end offline
-(:func:`~dynbranch.baselines.offline.precompute`: replayed LLM text, real tools on each
+(:func:`~dynbranch.runtime.offline.precompute`: replayed LLM text, real tools on each
 copy's own state) and keeps, per request and branch coordinate, what every branch resolved
 to. At each branch its predictor is handed those resolved candidates, best first; everything
 else is the real stack — the same request-scoped shadows as ``c2``, the same load-priced
@@ -21,12 +21,13 @@ from typing import Any
 
 from dynbranch.arms.base import Arm
 from dynbranch.arms.dynbranch_arms import fill_policy, request_scoped_reuse
-from dynbranch.baselines.offline import precompute
 from dynbranch.fill import BranchHook, Speculator
 from dynbranch.predictors import BranchContext, Predictor
 from dynbranch.reuse.hook import ReuseHook
 from dynbranch.runtime.affinity import AffinityPlacement
+from dynbranch.runtime.offline import precompute
 from dynbranch.runtime.run import RunContext
+from dynbranch.workflow import BranchPoint
 from dynbranch.workload import DataConfig, Workload
 
 ORACLE_DESCRIPTION = ("BOUND, not a system: c2 whose predictor is handed each branch's "
@@ -40,10 +41,10 @@ class BranchOutcomes:
         self._chosen: dict[tuple[str, str], deque[tuple[str, ...]]] = defaultdict(deque)
         self.requests = 0
 
-    def add(self, request_id: str, branches: list[tuple[str, tuple[str, ...]]]) -> None:
+    def add(self, request_id: str, branches: list[tuple[BranchPoint, tuple[str, ...]]]) -> None:
         self.requests += 1
-        for coordinate, chosen in branches:
-            self._chosen[(request_id, coordinate)].append(chosen)
+        for point, chosen in branches:
+            self._chosen[(request_id, str(point.coordinate))].append(chosen)
 
     def peek(self, request_id: str, coordinate: str) -> tuple[str, ...]:
         """The resolution of the next entry of this branch (``()`` when none is known)."""

@@ -7,7 +7,7 @@ runs on the same engines, driver, workloads and result files as DynBranch itself
   (:class:`PrefixAffinity`) plus C1's store as an exact per-operator result cache without
   read-sets — it may serve stale results, which the splice checker counts.
 * ``instcache`` (:mod:`~dynbranch.baselines.instcache`): a whole-request exact cache
-  (:class:`RequestCache`) pre-populated offline (:mod:`~dynbranch.baselines.offline`) from
+  (:class:`RequestCache`) pre-populated offline (:mod:`~dynbranch.runtime.offline`) from
   the workload's train split.
 * ``parrot`` (:mod:`~dynbranch.baselines.parrot`): the floor's hooks with prefix-context
   placement under a latency task cap (:class:`ParrotPlacement`); no reuse, no fills.

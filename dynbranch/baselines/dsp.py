@@ -76,6 +76,7 @@ from dynbranch.fill import (
     Fill,
     FillChoice,
     FillPolicy,
+    Ranked,
     Speculator,
 )
 from dynbranch.predictors import make_predictor
@@ -245,12 +246,13 @@ class DSPPolicy(FillPolicy):
             self._planned[id(session)] = k
         return k > 0
 
-    async def choose(self, session: BranchSession, ranked: Sequence[str]) -> list[FillChoice]:
+    async def choose(self, session: BranchSession,
+                     ranked: Sequence[Ranked]) -> list[FillChoice]:
         k = self._planned.pop(id(session), 0)
         if not ranked or k <= 0:
             return []
         budget = DSPDepth(k, key=stage_key(session.point.coordinate))
-        return [FillChoice(ranked[0], 0, budgets=(budget,))]
+        return [FillChoice(ranked[0].name, ranked[0].rank, budgets=(budget,))]
 
     async def request_done(self, request_id: str, fills: Sequence[Fill]) -> None:
         """The request ended: turn each fill's trace into per-depth outcomes and learn."""

@@ -15,7 +15,7 @@ There is no reuse below the instruction, no freshness check and no early fill.
   requests drawn (``train_requests``; run option ``instcache_train_requests``). Draws past
   the split's pool repeat and are counted as ``duplicates``.
 * An agentic request's *response* is its whole run: its outcome and every stage's output,
-  computed by :func:`~dynbranch.baselines.offline.precompute` (the text a replay engine
+  computed by :func:`~dynbranch.runtime.offline.precompute` (the text a replay engine
   emits, tools on the train request's own state), charging no time on the run's clock.
 * Its *entire input* is :func:`request_input`: the instance's ``request_input()`` when it
   has one (a method we propose for :class:`~dynbranch.workload.RequestInstance`, ``None``
@@ -48,17 +48,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynbranch.arms.base import Arm
-from dynbranch.baselines.offline import (
+from dynbranch.canonical import canonical_bytes, value_digest
+from dynbranch.errors import ConfigError
+from dynbranch.fill import NoSpeculation
+from dynbranch.reuse.hook import ReuseHook, WholeRequest
+from dynbranch.runtime.offline import (
     Generate,
     Precomputed,
     PrecomputedStage,
     precompute,
     replay_generate,
 )
-from dynbranch.canonical import canonical_bytes, value_digest
-from dynbranch.errors import ConfigError
-from dynbranch.fill import NoSpeculation
-from dynbranch.reuse.hook import ReuseHook, WholeRequest
 from dynbranch.runtime.placement import PlacementPolicy
 from dynbranch.runtime.run import RunContext
 from dynbranch.runtime.runlog import StageRecord

@@ -65,6 +65,7 @@ from dynbranch.fill import (
     FillChoice,
     FillPolicy,
     FillStage,
+    Ranked,
     Speculator,
 )
 from dynbranch.predictors import make_predictor
@@ -148,7 +149,8 @@ class SPAgentPolicy(FillPolicy):
         self.counts = {"admitted": 0, "throttled": 0, "no_candidate": 0}
         self.peak_sequences = 0
 
-    async def choose(self, session: BranchSession, ranked: Sequence[str]) -> list[FillChoice]:
+    async def choose(self, session: BranchSession,
+                     ranked: Sequence[Ranked]) -> list[FillChoice]:
         if not ranked:
             self.counts["no_candidate"] += 1
             return []
@@ -158,7 +160,7 @@ class SPAgentPolicy(FillPolicy):
             self.counts["throttled"] += 1
             return []
         self.counts["admitted"] += 1
-        return [FillChoice(ranked[0], 0, budgets=(self.stop_after_search,))]
+        return [FillChoice(ranked[0].name, ranked[0].rank, budgets=(self.stop_after_search,))]
 
     def stats(self) -> dict[str, Any]:
         return {**self.counts, "max_sequences": self.config.max_sequences,

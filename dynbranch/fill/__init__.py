@@ -17,12 +17,20 @@ canonical stage renders the same reuse name.
 """
 
 from dynbranch.fill.hook import BranchHook, NoSpeculation
-from dynbranch.fill.model import Consumption, DepthBudget, Fill, FillBudget, FillChoice, FillStage
+from dynbranch.fill.model import (
+    Consumption,
+    DepthBudget,
+    Fill,
+    FillBudget,
+    FillChoice,
+    FillStage,
+    Ranked,
+)
 from dynbranch.fill.runner import BranchSession, FillRunner
 from dynbranch.fill.speculator import FillPolicy, Speculator, TopK
 
 __all__ = [
     "BranchHook", "BranchSession", "Consumption", "DepthBudget", "Fill", "FillBudget",
-    "FillChoice", "FillPolicy", "FillRunner", "FillStage", "NoSpeculation", "Speculator",
-    "TopK",
+    "FillChoice", "FillPolicy", "FillRunner", "FillStage", "NoSpeculation", "Ranked",
+    "Speculator", "TopK",
 ]

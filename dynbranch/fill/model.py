@@ -40,6 +40,16 @@ class DepthBudget(FillBudget):
         return None
 
 
+@dataclass(frozen=True)
+class Ranked:
+    """A fillable candidate and its rank in the predictor's whole ranking (unfillable ones,
+    such as an end-of-turn marker, keep their places, so a rank means the same whatever the
+    branch offered)."""
+
+    name: str
+    rank: int
+
+
 FillEnded = Callable[["Fill"], Awaitable[None]]
 """What a policy does when one of its fills ends (release its reservation, learn its load)."""
 

@@ -27,13 +27,21 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynbranch.fill.hook import BranchHook
-from dynbranch.fill.model import Fill, FillChoice
+from dynbranch.fill.model import Fill, FillChoice, Ranked
 from dynbranch.fill.runner import BranchSession
 from dynbranch.predictors import BranchContext, DraftingPredictor, Predictor
+from dynbranch.runtime.offline import precompute
 from dynbranch.runtime.run import RunContext
+
+if TYPE_CHECKING:
+    from dynbranch.workload import DataConfig, Workload
+
+MAX_TRAIN_REQUESTS = 500
+"""Train-split requests a predictor learns from before a run (as many as the run has, up to
+this)."""
 
 
 class FillPolicy(ABC):
@@ -46,8 +54,9 @@ class FillPolicy(ABC):
         return True
 
     @abstractmethod
-    async def choose(self, session: BranchSession, ranked: Sequence[str]) -> list[FillChoice]:
-        """Action 1: which ranked candidates become fills."""
+    async def choose(self, session: BranchSession,
+                     ranked: Sequence[Ranked]) -> list[FillChoice]:
+        """Action 1: which of the fillable ranked candidates (best first) become fills."""
 
     def settled(self, session: BranchSession, chosen: tuple[str, ...]) -> None:
         """The branch resolved: learn from it (default: nothing)."""
@@ -77,8 +86,9 @@ class TopK(FillPolicy):
             raise ValueError(f"fanout must be >= 0, got {fanout}")
         self.fanout = fanout
 
-    async def choose(self, session: BranchSession, ranked: Sequence[str]) -> list[FillChoice]:
-        return [FillChoice(c, r) for r, c in enumerate(ranked[: self.fanout])]
+    async def choose(self, session: BranchSession,
+                     ranked: Sequence[Ranked]) -> list[FillChoice]:
+        return [FillChoice(c.name, c.rank) for c in ranked[: self.fanout]]
 
 
 class Speculator(BranchHook):
@@ -89,13 +99,30 @@ class Speculator(BranchHook):
     def __init__(self, run: RunContext, predictor: Predictor, policy: FillPolicy) -> None:
         self.run, self.predictor, self.policy = run, predictor, policy
         self.fanout = run.fill.fanout
-        self.counts = {"branches": 0, "generated": 0, "candidates": 0}
+        self.counts = {"branches": 0, "generated": 0, "candidates": 0, "train_branches": 0}
         self._drafts: dict[BranchSession, asyncio.Task] = {}
         # NOTE: a draft is marked admitting without an await after its draft returns, so
         # resolution knows whether it may still cancel it (drafting) or must let it record
         # the reservations the gate granted (admitting).
         self._admitting: set[BranchSession] = set()
         self.drafting = {"drafts": 0, "samples": 0, "late": 0, "failed": 0, "drafting_s": 0.0}
+
+    async def prepopulate(self, workload: Workload, data: DataConfig | None, seed: int, *,
+                          split: str, requests: int) -> None:
+        """Teach the predictor the branches of the train split's requests, run offline, as it
+        would have learnt them serving earlier traffic. NOTE: only when the run is measured
+        on the test split: the two never share a record, so nothing measured is seen."""
+        if data is None or split != "test":
+            return
+        n = min(requests, MAX_TRAIN_REQUESTS)
+        for instance in workload.requests(data, n, seed, "train"):
+            try:
+                run = await precompute(instance)
+            except Exception:  # NOTE: a train request that cannot run teaches nothing
+                continue
+            for point, chosen in run.branches:
+                self.predictor.observe(BranchContext.of(instance.request_id, point), chosen)
+            self.counts["train_branches"] += len(run.branches)
 
     async def opened(self, session: BranchSession) -> None:
         self.counts["branches"] += 1
@@ -110,8 +137,8 @@ class Speculator(BranchHook):
             return
         await self._fill(session, self.predictor.rank(ctx, k))
 
-    async def _fill(self, session: BranchSession, ranked: Sequence[str]) -> None:
-        ranked = [c for c in ranked if session.fillable(c)]
+    async def _fill(self, session: BranchSession, ranking: Sequence[str]) -> None:
+        ranked = [Ranked(c, r) for r, c in enumerate(ranking) if session.fillable(c)]
         self.counts["candidates"] += len(ranked)
         for choice in await self.policy.choose(session, ranked):
             session.start(choice)

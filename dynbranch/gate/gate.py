@@ -182,6 +182,7 @@ class Gate:
         self._sel: dict[tuple[str, int], _SelArm] = {}
         self._use: dict[str, BetaPosterior] = {}
         self._returns: dict[str, ReturnStats] = {}
+        self._stage_returns: dict[str, ReturnStats] = {}  # pooled over a stage's steps
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
 
     @property
@@ -202,7 +203,7 @@ class Gate:
         stats = self._returns.setdefault(coordinate, ReturnStats())
         stats.entries += 1
         self.counters["generation_decisions"] += 1
-        estimate = stats.optimistic(self.config.return_scale_ms)
+        estimate = stats.optimistic(self.config.return_scale_ms, self._stage_stats(coordinate))
         decision = GenerationDecision(self._policy.generation_open(estimate), estimate)
         if (
             not decision.open
@@ -217,12 +218,17 @@ class Gate:
     def settle(self, coordinate: str, ret: BranchReturn) -> None:
         """Learn one branch entry's full-path return (call once per opened entry)."""
         self._returns.setdefault(coordinate, ReturnStats()).add(ret.value_ms)
+        self._stage_stats(coordinate).add(ret.value_ms)
         self.counters["settled"] += 1
 
     def return_estimate(self, coordinate: str) -> float:
         """Action 0's current optimistic estimate for ``coordinate`` (ms)."""
         stats = self._returns.get(coordinate, ReturnStats())
-        return stats.optimistic(self.config.return_scale_ms)
+        return stats.optimistic(self.config.return_scale_ms, self._stage_stats(coordinate))
+
+    def _stage_stats(self, coordinate: str) -> ReturnStats:
+        """The returns of every coordinate of ``coordinate``'s stage (``workflow/stage``)."""
+        return self._stage_returns.setdefault(_stage_of(coordinate), ReturnStats())
 
     # -- Action 1 --------------------------------------------------------------------------
 
@@ -451,11 +457,18 @@ class Gate:
             gate._use[key] = BetaPosterior(alpha, beta)
         for coord, entries, n, mean, m2 in state["returns"]:
             gate._returns[coord] = ReturnStats(entries, n, mean, m2)
+            gate._stage_stats(coord).merge(ReturnStats(0, n, mean, m2))
         gate.counters = dict(state["counters"])
         version, internal, gauss = state["rng"]
         gate._rng.setstate((version, tuple(internal), gauss))
         gate.ledger = KvLedger.from_state(state["ledger"])
         return gate
+
+
+def _stage_of(coordinate: str) -> str:
+    """``workflow/stage`` of a ``workflow/stage/step`` coordinate (itself without a step)."""
+    head, _, step = coordinate.rpartition("/")
+    return head if head and step.isdigit() else coordinate
 
 
 def _check_time(now: float) -> None:

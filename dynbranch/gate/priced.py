@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynbranch.engines.profile import load_profile
-from dynbranch.fill import BranchSession, Fill, FillChoice, FillPolicy
+from dynbranch.fill import BranchSession, Fill, FillChoice, FillPolicy, Ranked
 from dynbranch.gate import (
     Admission,
     BranchReturn,
@@ -75,7 +75,7 @@ class _Entry:
 
     session: BranchSession
     stage_key: str
-    ranked: list[str] = field(default_factory=list)
+    ranked: list[Ranked] = field(default_factory=list)
     admitted: dict[str, Admission] = field(default_factory=dict)
     chosen: tuple[str, ...] = ()
     resolved_after_s: float | None = None
@@ -128,13 +128,13 @@ class PricedPolicy(FillPolicy):
 
     # -- Action 1 -------------------------------------------------------------------------
 
-    async def choose(self, session: BranchSession, ranked: Sequence[str]) -> list[FillChoice]:
+    async def choose(self, session: BranchSession,
+                     ranked: Sequence[Ranked]) -> list[FillChoice]:
         entry = self._entry(session)
         entry.ranked = list(ranked)
         await self._observe_load(session)
         now = session.now()
-        candidates = [self._candidate(entry.stage_key, name, rank)
-                      for rank, name in enumerate(entry.ranked)]
+        candidates = [self._candidate(entry.stage_key, c.name, c.rank) for c in entry.ranked]
         admissions = await self.gate.admit(str(session.point.coordinate), candidates,
                                            self.envelope.priced(now), now)
         choices = []
@@ -200,11 +200,11 @@ class PricedPolicy(FillPolicy):
 
     def _settle(self, entry: _Entry, observations: list[Observation]) -> Settlement:
         fills = {f.candidate: f for f in entry.session.fills}
-        for rank, name in enumerate(entry.ranked):
-            fill = fills.get(name)
-            selected = name in entry.chosen
+        for c in entry.ranked:
+            fill = fills.get(c.name)
+            selected = c.name in entry.chosen
             usable = fill.consumed if (fill is not None and selected) else None
-            observations.append(Observation(entry.stage_key, rank, selected, usable))
+            observations.append(Observation(entry.stage_key, c.rank, selected, usable))
         saved = waits = cost = 0.0
         for fill in entry.session.fills:
             self._learn_from(entry.stage_key, fill)

@@ -6,6 +6,12 @@ count, mean and sum of squared deviations of those returns (Welford) and read an
 optimistic estimate: the mean plus a UCB bonus ``sd * sqrt(2 ln t / n)`` over ``n``
 returns and ``t`` entries. One bonus per coordinate, never one per candidate: summing
 optimism over mutually exclusive candidates would overvalue the branch.
+
+The coordinate's returns are shrunk towards its *stage*'s (every step of one decision
+point, ``workflow/stage``) by one pseudo-return with the stage's mean and spread: a
+coordinate seen twice inherits what its stage has learnt instead of a fixed prior, so two
+unlucky entries cannot close a step whose stage pays on average (returns are bimodal: most
+entries save nothing, a consumed fill saves seconds).
 """
 
 from __future__ import annotations
@@ -85,17 +91,39 @@ class ReturnStats:
         self.mean += delta / self.n
         self.m2 += delta * (value - self.mean)
 
-    def optimistic(self, prior_scale_ms: float) -> float:
+    @property
+    def variance(self) -> float:
+        return self.m2 / self.n if self.n else 0.0
+
+    def merge(self, other: ReturnStats) -> None:
+        """Fold ``other``'s returns into these (Chan et al.'s pairwise update)."""
+        if other.n == 0:
+            return
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        self.m2 += other.m2 + delta * delta * self.n * other.n / n
+        self.mean += delta * other.n / n
+        self.n = n
+        self.entries += other.entries
+
+    def optimistic(self, prior_scale_ms: float, prior: ReturnStats | None = None) -> float:
         """Mean plus a UCB bonus; +inf before any return (new coordinates start open).
 
-        NOTE: the spread blends in one pseudo-observation of ``prior_scale_ms`` so that a
-        coordinate with a few identical returns still gets a finite, nonzero bonus.
+        NOTE: one pseudo-return blends in ``prior`` (the stage's returns: its mean and
+        spread), or a zero-mean return of spread ``prior_scale_ms`` when the stage has too
+        few, so that a coordinate with a few identical returns still gets a finite,
+        nonzero bonus and starts from what its stage has learnt.
         """
         if self.n == 0:
             return math.inf
-        sd = math.sqrt((self.m2 + prior_scale_ms**2) / (self.n + 1))
+        if prior is not None and prior.n >= 2:
+            prior_mean, prior_var = prior.mean, max(prior.variance, prior_scale_ms**2)
+        else:
+            prior_mean, prior_var = 0.0 if prior is not None else self.mean, prior_scale_ms**2
+        mean = (self.n * self.mean + prior_mean) / (self.n + 1)
+        sd = math.sqrt((self.m2 + prior_var) / (self.n + 1))
         t = max(self.entries, self.n, 2)
-        return self.mean + sd * math.sqrt(2.0 * math.log(t) / self.n)
+        return mean + sd * math.sqrt(2.0 * math.log(t) / self.n)
 
     def to_state(self) -> dict[str, Any]:
         return asdict(self)

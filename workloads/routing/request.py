@@ -66,6 +66,12 @@ def _name(call: str) -> str:
     return parse_call(call).name
 
 
+_DOC_WORDS = """this that with from into given will which when then than their
+there these those have been also only such each more most other some what your about
+function returns return retrieve retrieves value values list specified provided using"""
+_DOC_STOPWORDS = frozenset(_DOC_WORDS.split())
+
+
 def _name_words(name: str) -> set[str]:
     """The first four letters of each word of a function name (``get_stock_info``,
     ``Flights_4_SearchOnewayFlight``, ``math.hypot``): snake, dotted and camel case."""
@@ -101,6 +107,7 @@ class RoutingRequest(RequestInstance):
             self.scope = {"record": record.id}  # validation is pure: shareable across requests
         self._names = [[_name(c) for c in turn] for turn in record.recorded]
         self._open: dict[BranchCoordinate, tuple[str, list]] = {}
+        self._doc_cache: dict[str, set[str]] = {}
         self._truth: tuple[list[list[Any]], list[dict]] | None = None
 
     # -- control flow -------------------------------------------------------------------------
@@ -165,12 +172,18 @@ class RoutingRequest(RequestInstance):
         * ``"<previous> -> <candidate>"``: which function tends to follow which;
         * ``"name-overlap=k"``: how many words of the function's name the turn mentions
           (0-3; a word matches on its first four letters);
+        * ``"doc-overlap=k"``: how many distinct content words of the function's
+          description the turn mentions (0-4, same matching), and ``"doc-best"`` for the
+          offered function(s) whose description the turn mentions most — what the router
+          reads in the function list, not what it decides;
         * ``"called-this-turn"``: the function was already called in this turn;
         * for :data:`END_OF_TURN`, ``"end-after=n"``: calls made in this turn so far (0-3).
         """
         previous = _name(executed[-1].call) if executed else "<turn start>"
         said = {w[:4] for w in re.findall(r"[a-z0-9]+", turn.lower()) if len(w) >= 3}
         called = {_name(c.call) for c in executed}
+        doc = {c: len(self._doc_words(c) & said) for c in self.candidates if c != END_OF_TURN}
+        best = max(doc.values(), default=0)
         features = {}
         for c in self.candidates:
             listed = [f"{previous} -> {c}"]
@@ -178,10 +191,24 @@ class RoutingRequest(RequestInstance):
                 listed.append(f"end-after={min(len(executed), 3)}")
             else:
                 listed.append(f"name-overlap={min(3, len(_name_words(c) & said))}")
+                listed.append(f"doc-overlap={min(4, doc[c])}")
+                if best and doc[c] == best:
+                    listed.append("doc-best")
                 if c in called:
                     listed.append("called-this-turn")
             features[c] = listed
         return {"turn": turn, FEATURES_KEY: features}
+
+    def _doc_words(self, name: str) -> set[str]:
+        """Content words (first four letters) of a function's description, cached."""
+        words = self._doc_cache.get(name)
+        if words is None:
+            doc = self.record.doc(name) or {}
+            text = str(doc.get("description", "")).lower()
+            words = {w[:4] for w in re.findall(r"[a-z0-9]+", text)
+                     if len(w) >= 4 and w not in _DOC_STOPWORDS}
+            self._doc_cache[name] = words
+        return words
 
     def _parse_route(self, text: str, outcome: RoutingOutcome) -> list[str]:
         """The offered function names in the router's output; the rest is ignored (and kept).

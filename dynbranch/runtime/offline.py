@@ -1,4 +1,5 @@
-"""Computing a request's response ahead of time, off the run's clock (InstCache's pre-population).
+"""Running a request ahead of time, off the run's clock: InstCache's pre-population, the
+oracle's branch outcomes, and the train split the predictors learn from before a run.
 
 :func:`precompute` runs one request's program to its end through an :class:`OfflineContext`:
 a sequential :class:`~dynbranch.workload.StageContext` that renders every stage through the
@@ -55,7 +56,7 @@ class Precomputed:
     request_id: str
     outcome: Any
     stages: tuple[PrecomputedStage, ...]
-    branches: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (coordinate, chosen) in order
+    branches: tuple[tuple[BranchPoint, tuple[str, ...]], ...] = ()  # (point, chosen) in order
 
     @property
     def interactive(self) -> bool:
@@ -76,7 +77,7 @@ class OfflineContext:
     generate: Generate = replay_generate
     tenant: str = "default"
     stages: list[PrecomputedStage] = field(default_factory=list, init=False)
-    branches: list[tuple[str, tuple[str, ...]]] = field(default_factory=list, init=False)
+    branches: list[tuple[BranchPoint, tuple[str, ...]]] = field(default_factory=list, init=False)
     _coordinate: str | None = field(default=None, init=False)
 
     @property
@@ -114,7 +115,7 @@ class OfflineContext:
         yield scope
         if scope.chosen is None:
             raise RuntimeError(f"{self.request_id}: branch {point.coordinate} did not resolve")
-        self.branches.append((str(point.coordinate), scope.chosen))
+        self.branches.append((point, scope.chosen))
 
     def _render(self, stage: str, values: Mapping[str, Any]) -> tuple[StageSpec, RenderedInput]:
         spec = self.instance.template.stage(stage)
