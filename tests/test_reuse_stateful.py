@@ -1,9 +1,10 @@
 """The subgraph store against a plain-dict model, driven by Hypothesis.
 
 Names are hashed to seven values so twelve keys (six inputs x two tenants) collide often;
-versions change through the store (eager invalidation) and behind its back (the guard).
-The model predicts every result exactly: lookups, puts with their evictions, promotions,
-invalidation levels, counters.
+versions change through the store (eager invalidation), behind its back (the guard) and
+through announced writes (resources marked as being written until their commit). The model
+predicts every result exactly: lookups, puts with their evictions, promotions, invalidation
+levels, write marks, counters.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     multiple,
+    precondition,
     rule,
 )
 
@@ -38,6 +40,7 @@ from dynbranch.reuse import (
     Stale,
     SubgraphStore,
     Ticket,
+    WriteReceipt,
 )
 
 KEYS = [ReuseKey("fp", {"i": i}, "m", "r", {}, None, tenant)
@@ -76,10 +79,11 @@ class Model:
     pins: dict[str, set[int]] = field(default_factory=dict)
     inflight: dict[str, Ticket] = field(default_factory=dict)
     open: set[int] = field(default_factory=set)
+    writing: dict[int, frozenset[str] | None] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("hits", "misses", "collisions", "stale", "shadow_matches", "joins", "puts",
+        ("hits", "misses", "collisions", "stale", "writing", "shadow_matches", "joins", "puts",
          "refused", "promotions", "drops", "lost", "evictions", "invalidated_direct",
-         "invalidated_cascade"), 0))
+         "invalidated_cascade", "writes_announced", "writes_committed"), 0))
 
     @property
     def bytes(self) -> int:
@@ -96,14 +100,23 @@ class Model:
         return {r: (v, self.versions.get(r)) for r, v in m.reads.items()
                 if self.versions.get(r) != v}
 
-    def stale_roots(self, name: str) -> dict[str, dict]:
+    def closure(self, name: str) -> set[str]:
         closure, todo = {name}, [name]
         while todo:
             for u in self.recs[todo.pop()].upstream:
                 if u in self.recs and u not in closure:
                     closure.add(u)
                     todo.append(u)
-        return {n: self.stale_reads(n) for n in closure if self.stale_reads(n)}
+        return closure
+
+    def stale_roots(self, name: str) -> dict[str, dict]:
+        return {n: self.stale_reads(n) for n in self.closure(name) if self.stale_reads(n)}
+
+    def marked(self, res: str) -> bool:
+        return any(rs is None or res in rs for rs in self.writing.values())
+
+    def being_written(self, name: str) -> bool:
+        return any(self.marked(r) for n in self.closure(name) for r in self.recs[n].reads)
 
     def cascade(self, roots) -> tuple[tuple[str, ...], ...]:
         levels, level, seen = [], sorted(set(roots)), set(roots)
@@ -128,6 +141,8 @@ class Model:
     def expect_put(self, r: Record, key: int) -> tuple[str, list[str]]:
         for res, v in r.read_set.items():
             self.versions.setdefault(res, v)
+        if any(self.marked(res) for res in r.read_set):
+            return "writing", []
         if any(self.versions[res] != v for res, v in r.read_set.items()):
             return "stale", []
         if any(self.gone.get(u) is MissReason.INVALIDATED for u in r.provenance.upstream):
@@ -156,6 +171,7 @@ class Model:
 class StoreMachine(RuleBasedStateMachine):
     tickets = Bundle("tickets")
     receipts = Bundle("receipts")
+    writes = Bundle("writes")
 
     @initialize(capacity=st.sampled_from([6_000, 15_000, 60_000]),
                 policy=st.sampled_from(["lru", "cost"]))
@@ -243,6 +259,10 @@ class StoreMachine(RuleBasedStateMachine):
                 removed = [n for lv in m.cascade(roots) for n in lv]
                 assert isinstance(got, Stale) and list(got.removed) == removed
                 assert set(got.stale_reads) == {r for s in roots.values() for r in s}
+            elif m.being_written(name):
+                m.counts["misses"] += 1
+                m.counts["writing"] += 1
+                assert got == Miss(MissReason.WRITING)
             elif entry.committed:
                 m.counts["hits"] += 1
                 entry.hits += 1
@@ -285,6 +305,10 @@ class StoreMachine(RuleBasedStateMachine):
             m.cascade(roots)
             assert got is None
             return
+        if m.being_written(name):
+            m.counts["writing"] += 1
+            assert got is None
+            return
         if not entry.committed:
             entry.committed = True
             m.counts["promotions"] += 1
@@ -311,11 +335,55 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(res=st.sampled_from(RESOURCES), how=st.sampled_from(["same", "new", "unknown"]))
     def write(self, res, how):
-        m = self.model
+        inv = self.store.write(res, self.version_for(res, how), self.tick())
+        self.check_write(res, inv)
+
+    @rule(target=writes, resources=st.tuples(
+        st.integers(0, 5), st.frozensets(st.sampled_from(RESOURCES), min_size=1, max_size=2),
+    ).map(lambda t: None if t[0] == 0 else t[1]))  # one in six may write anything
+    @precondition(lambda self: not self.model.writing)  # one open at a time: lookups still hit
+    def announce(self, resources):
+        receipt = self.store.announce(resources, "writer")
+        assert receipt.resources == resources and receipt.receipt_id not in self.model.writing
+        self.model.writing[receipt.receipt_id] = resources
+        self.model.counts["writes_announced"] += 1
+        event("announce " + ("anything" if resources is None else f"{len(resources)}"))
+        return receipt
+
+    @rule(receipt=consumes(writes), changed=st.dictionaries(
+        st.sampled_from(RESOURCES), st.sampled_from(["same", "new", "unknown"]), max_size=2))
+    def commit(self, receipt: WriteReceipt, changed):
+        """The announced write changed ``changed`` (some of what it announced, others, or
+        nothing): every version is applied, then its marks are lifted."""
+        writes = {res: self.version_for(res, how) for res, how in changed.items()}
+        invs = self.store.commit(receipt, writes, self.tick())
+        assert len(invs) == len(writes)
+        for res, inv in zip(writes, invs, strict=True):
+            self.check_write(res, inv)
+        del self.model.writing[receipt.receipt_id]
+        self.model.counts["writes_committed"] += 1
+
+    @rule(res=st.sampled_from(RESOURCES), how=st.sampled_from(["same", "new", "unknown"]),
+          ks=st.lists(st.integers(0, 11), min_size=1, max_size=4), data=st.data())
+    @precondition(lambda self: not self.model.writing)
+    def write_window(self, res, how, ks, data):
+        """A whole write: announced, lookups and puts while it is charged, committed."""
+        receipt = self.announce(frozenset({res}))
+        for k in ks:
+            if data.draw(st.booleans()):
+                self.lookup(k, True)
+            else:
+                self.put_record(k, False, 0, 10.0, data)
+        self.commit(receipt, {res: how})
+
+    def version_for(self, res: str, how: str) -> str | None:
         self.version_serial += 1
-        version = {"same": m.versions.get(res, "v0"), "new": f"w{self.version_serial}",
-                   "unknown": None}[how]
-        inv = self.store.write(res, version, self.tick())
+        return {"same": self.model.versions.get(res, "v0"), "new": f"w{self.version_serial}",
+                "unknown": None}[how]
+
+    def check_write(self, res: str, inv) -> None:
+        """The store applied a write of ``res``: check its invalidation against the model."""
+        m = self.model
         current = self.store.versions.current(res)
         assert inv.changed == (m.versions.get(res) != current)
         m.versions[res], m.external[res] = current, False
@@ -417,6 +485,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert {k: snap[k] for k in self.model.counts} == self.model.counts
         assert snap["records_held"] == len(self.model.recs)
         assert snap["in_flight"] == len(self.model.open)
+        assert snap["writes_open"] == len(self.model.writing)
 
 
 StoreMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50,
