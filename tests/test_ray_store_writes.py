@@ -63,6 +63,31 @@ def test_a_withdrawn_write_serves_again_and_a_receipt_commits_once(store):
     assert isinstance(run(look(client, a)), Hit)  # the refused commit wrote nothing
 
 
+def test_overlapping_writes_commit_one_unknown_version_on_every_shard(store):
+    client = store()
+
+    async def main():
+        await client.observe_reads({"res": "0"})
+        w1 = await client.announce(["res"], "w1")
+        w2 = await client.announce(["res"], "w2")
+        await client.commit(w2, {"res": "2"}, 1.0)
+        await client.commit(w1, {"res": "1"}, 2.0)  # an older version, committed last
+        puts = [
+            await client.put(rec(on_shard(s), reads={"res": v}), 3.0)
+            for s in range(SHARDS)
+            for v in ("1", "2")
+        ]
+        tables = await asyncio.gather(
+            *(a.observe_reads.remote({"res": "2"}) for a in client._shards)
+        )
+        return puts, tables
+
+    puts, tables = run(main())
+    assert [p.outcome for p in puts] == [PutOutcome.STALE] * (2 * SHARDS)
+    currents = {table["res"][1] for table in tables}
+    assert len(currents) == 1 and next(iter(currents)).startswith("\x00unknown:")
+
+
 def test_a_caller_cancelled_mid_announce_or_mid_commit_leaves_no_mark(store):
     client = store()
 
@@ -95,18 +120,21 @@ def test_both_write_windows_serve_no_stale_value_through_the_ray_store(local_ray
     from tests.shared_kv import LookupRequest, SharedKV, WriteRequest
 
     clock = RealClock()
-    kv = SharedKV({"colour": "blue"})
+    kv = SharedKV({"colour": "blue", "size": "small"})
+    # NOTE: margins of 0.2 s or more, as the real clock runs on a loaded machine
     schedule = [
         (0.0, LookupRequest("a", kv, "colour")),  # recorded before the write
-        (0.5, LookupRequest("b", kv, "colour", lookup_s=0.3)),  # reads, then stores
-        (0.6, WriteRequest("w", kv, "colour", "red", write_s=0.6)),  # 0.6 -> 1.2
-        (0.9, LookupRequest("c", kv, "colour")),  # during the write
-        (1.0, LookupRequest("d", kv, "colour")),
-    ]  # after b stored, during the write
+        (0.4, LookupRequest("b", kv, "size", lookup_s=0.4)),  # reads, stores at 0.8
+        (0.6, WriteRequest("w", kv, "colour", "red", write_s=1.0)),  # 0.6 -> 1.6
+        (1.0, LookupRequest("c", kv, "colour")),  # during the write: not a's record
+        (1.2, LookupRequest("d", kv, "size")),
+    ]  # during it: b's was refused
     shards = make_shards(1 << 24, "lru", SHARDS)
 
     async def main():
-        ctx = RunContext(clock=clock, arm="c1", make_store=lambda: RayStoreClient(shards))
+        client = RayStoreClient(shards)
+        await client.stats()  # the shards are up before the schedule starts
+        ctx = RunContext(clock=clock, arm="c1", make_store=lambda: client)
         orch = Orchestrator(clock, {}, get_arm("c1"), run=ctx)
         t0 = orch.start_run()
 
@@ -126,7 +154,8 @@ def test_both_write_windows_serve_no_stale_value_through_the_ray_store(local_ray
     assert [r.status for r in records] == ["completed"] * 5
     served = {s.request_id: s.served_from for s in orch.log.stages}
     assert served == {"a": "exec", "b": "exec", "w": "exec", "c": "exec", "d": "exec"}
-    assert [r.seen[2] for _, r in schedule if r.request_id in "cd"] == ["red", "red"]
+    assert [r.seen[2] for _, r in schedule if r.request_id in "cd"] == ["red", "small"]
     assert unsafe_splices(orch.log.stages) == []
     store_stats = orch.mechanism_stats["reuse"]["store"]
     assert store_stats["writes_open"] == 0 and store_stats["in_flight"] == 0
+    assert store_stats["writing"] == 1  # c found a's record withheld (b's was never stored)

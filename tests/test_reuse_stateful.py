@@ -80,6 +80,8 @@ class Model:
     inflight: dict[str, Ticket] = field(default_factory=dict)
     open: set[int] = field(default_factory=set)
     writing: dict[int, frozenset[str] | None] = field(default_factory=dict)
+    contended: dict[int, set[str]] = field(default_factory=dict)  # overlapped on these
+    contended_all: set[int] = field(default_factory=set)  # overlapped on everything
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("hits", "misses", "collisions", "stale", "writing", "shadow_matches", "joins", "puts",
          "refused", "promotions", "drops", "lost", "evictions", "invalidated_direct",
@@ -111,6 +113,25 @@ class Model:
 
     def stale_roots(self, name: str) -> dict[str, dict]:
         return {n: self.stale_reads(n) for n in self.closure(name) if self.stale_reads(n)}
+
+    def announce(self, rid: int, resources: frozenset[str] | None) -> None:
+        for other, theirs in self.writing.items():
+            if resources is None and theirs is None:
+                self.contended_all |= {rid, other}
+                continue
+            shared = set(theirs if resources is None else resources if theirs is None
+                         else resources & theirs)
+            for r in (rid, other):
+                self.contended.setdefault(r, set()).update(shared)
+        self.writing[rid] = resources
+
+    def contend(self, res: str) -> None:
+        for rid, theirs in self.writing.items():
+            if theirs is None or res in theirs:
+                self.contended.setdefault(rid, set()).add(res)
+
+    def is_contended(self, rid: int, res: str) -> bool:
+        return rid in self.contended_all or res in self.contended.get(rid, ())
 
     def marked(self, res: str) -> bool:
         return any(rs is None or res in rs for rs in self.writing.values())
@@ -336,16 +357,17 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(res=st.sampled_from(RESOURCES), how=st.sampled_from(["same", "new", "unknown"]))
     def write(self, res, how):
         inv = self.store.write(res, self.version_for(res, how), self.tick())
+        self.model.contend(res)
         self.check_write(res, inv)
 
     @rule(target=writes, resources=st.tuples(
         st.integers(0, 5), st.frozensets(st.sampled_from(RESOURCES), min_size=1, max_size=2),
     ).map(lambda t: None if t[0] == 0 else t[1]))  # one in six may write anything
-    @precondition(lambda self: not self.model.writing)  # one open at a time: lookups still hit
+    @precondition(lambda self: len(self.model.writing) < 2)  # few open, so lookups still hit
     def announce(self, resources):
         receipt = self.store.announce(resources, "writer")
         assert receipt.resources == resources and receipt.receipt_id not in self.model.writing
-        self.model.writing[receipt.receipt_id] = resources
+        self.model.announce(receipt.receipt_id, resources)
         self.model.counts["writes_announced"] += 1
         event("announce " + ("anything" if resources is None else f"{len(resources)}"))
         return receipt
@@ -355,12 +377,21 @@ class StoreMachine(RuleBasedStateMachine):
     def commit(self, receipt: WriteReceipt, changed):
         """The announced write changed ``changed`` (some of what it announced, others, or
         nothing): every version is applied, then its marks are lifted."""
+        m, rid = self.model, receipt.receipt_id
         writes = {res: self.version_for(res, how) for res, how in changed.items()}
         invs = self.store.commit(receipt, writes, self.tick())
         assert len(invs) == len(writes)
         for res, inv in zip(writes, invs, strict=True):
+            event("commit contended" if m.is_contended(rid, res) else "commit alone")
+            current = self.store.versions.current(res)
+            if writes[res] is None or m.is_contended(rid, res):  # a fresh unknown version
+                assert current.startswith("\x00unknown:") and current != m.versions.get(res)
+            else:
+                assert current == writes[res]
             self.check_write(res, inv)
-        del self.model.writing[receipt.receipt_id]
+        del m.writing[rid]
+        m.contended.pop(rid, None)
+        m.contended_all.discard(rid)
         self.model.counts["writes_committed"] += 1
 
     @rule(res=st.sampled_from(RESOURCES), how=st.sampled_from(["same", "new", "unknown"]),

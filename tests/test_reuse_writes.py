@@ -134,3 +134,34 @@ def test_the_local_client_carries_the_protocol():
     missed, invs, stats = asyncio.run(go())
     assert missed == Miss(MissReason.WRITING) and invs[0].removed == (r.name,)
     assert stats["writes_open"] == 0 and stats["records_held"] == 0
+
+
+def test_overlapping_writes_of_one_resource_commit_an_unknown_version():
+    """Their effects may land in either order and their commits in another: W1 announces,
+    W2 announces and commits its version, W1 commits an older one."""
+    s = SubgraphStore(BIG)
+    s.observe_reads({"fs": "0", "db": "0"})
+    w1 = s.announce({"fs", "db"}, "w1")
+    w2 = s.announce({"fs"}, "w2")
+    assert s.resolve(w2, {"fs": "2"}) == {"fs": None}
+    s.commit(w2, {"fs": "2"}, 1.0)
+    assert s.resolve(w1, {"fs": "1", "db": "1"}) == {"fs": None, "db": "1"}
+    s.commit(w1, {"fs": "1", "db": "1"}, 2.0)
+    assert s.versions.current("db") == "1"
+    for version in ("0", "1", "2"):  # nothing that read fs is taken as fresh
+        assert s.put(rec(1, reads={"fs": version}), 3.0).outcome is PutOutcome.STALE
+    alone = s.announce({"fs"}, "w3")  # a later write alone in its window reports again
+    s.commit(alone, {"fs": "3"}, 4.0)
+    assert s.put(rec(1, reads={"fs": "3"}), 5.0).stored
+
+
+def test_a_write_reported_outside_any_receipt_contends_the_open_ones():
+    s = SubgraphStore(BIG)
+    s.observe_reads({"fs": "0"})
+    w = s.announce({"fs"}, "w")
+    s.write("fs", "5", 1.0)  # an unannounced write lands inside w's window
+    assert s.resolve(w, {"fs": "1"}) == {"fs": None}
+    unbounded = s.announce(None, "u")
+    other = s.announce({"db"}, "o")
+    assert s.resolve(unbounded, {"db": "1", "x": "1"}) == {"db": None, "x": "1"}
+    assert s.resolve(other, {"db": "1"}) == {"db": None}

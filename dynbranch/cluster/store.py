@@ -13,8 +13,7 @@
 
 Writes are broadcast and cascade across shards: a record on one shard whose provenance names
 a record removed on another is removed too (see :meth:`RayStoreClient.write`). A write in
-progress is announced on every shard (records reading one resource may sit on any), and
-lifted once its versions and cascade reached all of them (:meth:`RayStoreClient.commit`).
+progress is marked on every shard, until its cascade reached all (:meth:`RayStoreClient.commit`).
 """
 
 from __future__ import annotations
@@ -214,6 +213,9 @@ class StoreActor:
     async def announce(self, resources: frozenset[str] | None, request_id: str) -> WriteReceipt:
         return self._store.announce(resources, request_id)
 
+    async def resolve(self, receipt: WriteReceipt, writes: dict) -> dict[str, str | None]:
+        return self._store.resolve(receipt, writes)
+
     async def release(self, receipt: WriteReceipt) -> None:
         self._store.release(receipt)
 
@@ -375,28 +377,25 @@ class RayStoreClient(StoreClient):
         """
         return await self._write(resource, new_version, now, ())
 
-    async def announce(self, resources: Iterable[str] | None,
-                       request_id: str) -> WriteReceipt:
+    async def announce(self, resources: Iterable[str] | None, request_id: str) -> WriteReceipt:
         """Mark ``resources`` as being written on every shard; returns once all hold it."""
         names = None if resources is None else frozenset(resources)
         pending = asyncio.gather(*(a.announce.remote(names, request_id) for a in self._shards))
         try:
             parts = await asyncio.shield(pending)
         except asyncio.CancelledError:
-            # NOTE: the shards hold the marks whether the caller waits or not: lift them, or
-            # every later lookup of a record reading these resources would miss for good.
+            # NOTE: the shards hold the marks anyway: lift them, or lookups would miss for good
             await self._broadcast("release", parts=await pending)
             raise
         return WriteReceipt(next(self._receipt_ids), names, request_id, tuple(parts))
 
     async def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None],
                      now: float) -> tuple[Invalidation, ...]:
-        """Apply each write on every shard (each checks its part of ``receipt`` is open)
-        with its cross-shard cascade, then lift the marks on every shard.
-
-        NOTE: the marks go last, so no shard serves a record reading the old version while
-        another has yet to apply the write or its cascade; a cancelled caller still waits
-        for the commit to end, so no mark is left behind."""
+        """Apply each write on every shard (each checks its part of ``receipt`` is open; shard
+        0 resolves contended writes, so all apply one version) with its cross-shard cascade,
+        then lift the marks on every shard. NOTE: the marks go last, so no shard serves a
+        record reading the old version while another has yet to apply the write or its
+        cascade; a cancelled caller still waits for the commit to end."""
         work = asyncio.ensure_future(self._commit(receipt, writes, now))
         try:
             return await asyncio.shield(work)
@@ -408,6 +407,7 @@ class RayStoreClient(StoreClient):
                       now: float) -> tuple[Invalidation, ...]:
         if len(receipt.parts) != len(self._shards):
             raise TicketError(f"write receipt {receipt.receipt_id}: not of these shards")
+        writes = await self._shards[0].resolve.remote(receipt.parts[0], dict(writes))
         invalidations = tuple([await self._write(resource, version, now, receipt.parts)
                                for resource, version in writes.items()])
         await self._broadcast("release", parts=receipt.parts)

@@ -44,6 +44,7 @@ from dynbranch.reuse.lookups import (
     Ticket,
     WriteReceipt,
 )
+from dynbranch.reuse.pins import Pins
 from dynbranch.reuse.record import Record, RecordState
 from dynbranch.reuse.versions import StaleReads, VersionTable
 from dynbranch.reuse.writes import WriteMarks
@@ -103,8 +104,7 @@ class SubgraphStore:
         self._ticks = itertools.count(1)
         self._bytes = 0
         self._inflight = InFlight()
-        self._pins: dict[str, set[int]] = {}
-        self._pin_ids = itertools.count(1)
+        self._pins = Pins()
         self._gone: OrderedDict[str, MissReason] = OrderedDict()
         self._marks = WriteMarks()
 
@@ -278,6 +278,8 @@ class SubgraphStore:
         """
         if under is not None:
             self._marks.check(under)
+        else:
+            self._marks.contend(resource)
         changed = bool(self.versions.write(resource, new_version))
         current = self.versions.current(resource)
         direct = [n for n in self._by_resource.get(resource, ())
@@ -300,12 +302,21 @@ class SubgraphStore:
         unknown; empty: it changed nothing), then lift its marks, consuming ``receipt``.
 
         Raises :class:`TicketError` (changing nothing) if the receipt is not open. A write
-        outside the announced resources is applied too.
+        outside the announced resources is applied too; a contended one as unknown
+        (:meth:`resolve`).
         """
-        self._marks.check(receipt)
-        invalidations = tuple(self.write(r, v, now) for r, v in writes.items())
+        invalidations = tuple(self.write(r, v, now, under=receipt)
+                              for r, v in self.resolve(receipt, writes).items())
         self.release(receipt)
         return invalidations
+
+    def resolve(self, receipt: WriteReceipt,
+                writes: Mapping[str, str | None]) -> dict[str, str | None]:
+        """The versions ``receipt``'s commit applies: as reported, except an unknown version
+        for each resource another write touched within its window (see
+        :mod:`dynbranch.reuse.writes`). Raises :class:`TicketError` if it is not open."""
+        self._marks.check(receipt)
+        return {r: None if self._marks.contended(receipt, r) else v for r, v in writes.items()}
 
     def release(self, receipt: WriteReceipt) -> None:
         """Lift the marks of ``receipt`` without applying anything (a sharded store applies
@@ -342,21 +353,11 @@ class SubgraphStore:
 
     def pin(self, name: str) -> PinReceipt | None:
         """Protect the record under ``name`` from eviction (not from invalidation)."""
-        if name not in self._records:
-            return None
-        receipt = PinReceipt(next(self._pin_ids), name)
-        self._pins.setdefault(name, set()).add(receipt.receipt_id)
-        return receipt
+        return self._pins.pin(name) if name in self._records else None
 
     def unpin(self, receipt: PinReceipt) -> bool:
         """Release ``receipt``; ``False`` if it was released, or its record removed, already."""
-        held = self._pins.get(receipt.name)
-        if not held or receipt.receipt_id not in held:
-            return False
-        held.discard(receipt.receipt_id)
-        if not held:
-            del self._pins[receipt.name]
-        return True
+        return self._pins.unpin(receipt)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -382,7 +383,7 @@ class SubgraphStore:
             _discard(self._by_resource, resource, name)
         for upstream in entry.record.provenance.upstream:
             _discard(self._dependents, upstream, name)
-        self._pins.pop(name, None)
+        self._pins.forget(name)
         if reason is not None:
             self._gone[name] = reason
             self._gone.move_to_end(name)

@@ -9,6 +9,11 @@ applies them, with their invalidation), which consumes the receipt and lifts the
 failed or aborted write commits whatever the tool really changed (possibly nothing), so
 every receipt is consumed exactly once.
 
+Two writes of one resource whose windows overlap are **contended**: their effects may land
+in either order while their commits arrive in another, so neither reported version can be
+trusted to be the last, and each commits an unknown version instead (every read of the
+resource turns stale until a later write, alone in its window, reports one).
+
 Pure bookkeeping, like :class:`~dynbranch.reuse.inflight.InFlight`: no versions, no clock.
 """
 
@@ -29,6 +34,8 @@ class WriteMarks:
         self._open: dict[int, WriteReceipt] = {}
         self._marks: dict[str, int] = {}
         self._unbounded = 0  # open receipts that may write any resource
+        self._contended: dict[int, set[str]] = {}  # receipt id -> resources another shared
+        self._contended_all: set[int] = set()  # receipts that shared every resource
 
     def __len__(self) -> int:
         return len(self._open)
@@ -41,6 +48,19 @@ class WriteMarks:
         the marks when :meth:`release` consumes it."""
         names = None if resources is None else frozenset(resources)
         receipt = WriteReceipt(next(self._ids), names, request_id)
+        for other in self._open.values():
+            if names is None and other.resources is None:
+                self._contended_all.update((receipt.receipt_id, other.receipt_id))
+                continue
+            shared = (
+                other.resources
+                if names is None
+                else names
+                if other.resources is None
+                else names & other.resources
+            )
+            for rid in (receipt.receipt_id, other.receipt_id):
+                self._contended.setdefault(rid, set()).update(shared)
         self._open[receipt.receipt_id] = receipt
         if names is None:
             self._unbounded += 1
@@ -61,6 +81,8 @@ class WriteMarks:
         """Consume ``receipt`` and lift its marks; raises :class:`TicketError` if not open."""
         self.check(receipt)
         del self._open[receipt.receipt_id]
+        self._contended.pop(receipt.receipt_id, None)
+        self._contended_all.discard(receipt.receipt_id)
         if receipt.resources is None:
             self._unbounded -= 1
             return
@@ -70,6 +92,19 @@ class WriteMarks:
                 self._marks[resource] = left
             else:
                 del self._marks[resource]
+
+    def contend(self, resource: str) -> None:
+        """A write of ``resource`` outside any receipt: the open ones covering it are
+        contended on it."""
+        for receipt in self._open.values():
+            if receipt.covers(resource):
+                self._contended.setdefault(receipt.receipt_id, set()).add(resource)
+
+    def contended(self, receipt: WriteReceipt, resource: str) -> bool:
+        """Whether another write of ``resource`` overlapped ``receipt``'s window."""
+        return receipt.receipt_id in self._contended_all or resource in self._contended.get(
+            receipt.receipt_id, ()
+        )
 
     def writing(self, resources: Iterable[str]) -> list[str]:
         """The resources of ``resources`` that are being written now."""
