@@ -25,7 +25,7 @@ from dynbranch.clock import Clock
 from dynbranch.engines.client import EngineClient
 from dynbranch.errors import DynBranchError, StageError, ToolCallError
 from dynbranch.fill.runner import FillRunner
-from dynbranch.reuse.hook import Served, StageLookup, StageOutcome, WriteAnnouncement
+from dynbranch.reuse.hook import Served, StageLookup, StageOutcome
 from dynbranch.runtime.execution import RequestState, StageExecutor, remember
 from dynbranch.runtime.pool import EnginePool
 from dynbranch.runtime.run import RunContext
@@ -179,15 +179,15 @@ class RequestContext:
 
         What the call may write is announced before it runs (so no lookup is served what
         it is about to change) and committed once its charged time is over — also when it
-        raised (then everything it declared counts as changed, to a version nobody
-        reported) or was cancelled while charged (then what it reported).
+        raised (then everything it declared counts as changed, to versions nobody reported)
+        or was cancelled while charged (then what it reported).
         """
         reuse = self._o.reuse
         announced = await reuse.announce(self.request_id, tool.write_set(call.rendered.fields))
         try:
             result, measured = self._ex.call_tool(call, tool)
         except Exception as e:
-            await reuse.commit(announced, _unknown(announced))
+            await reuse.commit(announced, None)  # it may have changed all it declared
             self._row(call, start, lookup, engine=tool.name, error=f"{type(e).__name__}: {e}")
             raise ToolCallError(self.request_id, call.stage.name,
                                 f"{type(e).__name__}: {e}") from e
@@ -294,12 +294,6 @@ class RequestContext:
         except Exception as e:
             return Rerun(error=f"{type(e).__name__}: {e}")
         return Rerun(value_digest(result.value), dict(result.reads))
-
-
-def _unknown(announced: WriteAnnouncement) -> dict[str, str | None]:
-    """What a call that raised may have changed: every resource it declared, to a version
-    nobody reported (an unbounded declaration names none)."""
-    return dict.fromkeys(sorted(announced.write_set.resources))
 
 
 __all__ = ["Orchestrator", "RequestContext", "as_text"]

@@ -21,6 +21,7 @@ from dynbranch.reuse.hook import WriteAnnouncement
 from dynbranch.reuse.store_hook import StoreReuseHook
 from dynbranch.runtime.placement import SessionAffinity
 from dynbranch.runtime.run import RunContext
+from dynbranch.workload import Tool
 from tests.shared_kv import RESOURCE, KVTool, LookupRequest, ReadRequest, SharedKV, WriteRequest
 
 
@@ -202,6 +203,58 @@ def test_a_write_that_raises_after_changing_the_store_still_invalidates():
     reuse = orch.mechanism_stats["reuse"]
     # the unreported version stales every later read until a write reports one again
     assert reuse["invalidated"] == 1 and reuse["store"]["writes_open"] == 0
+    assert unsafe_splices(orch.log.stages) == []
+
+
+class _Undeclared(KVTool):
+    """Declares no write set (the contract's safe default); ``fail``: raises after writing."""
+
+    def __init__(self, kv, cost_s, fail):
+        super().__init__(kv, cost_s)
+        self.fail = fail
+
+    def write_set(self, fields):
+        return Tool.write_set(self, fields)
+
+    def call(self, fields):
+        result = super().call(fields)
+        if self.fail:
+            raise ConnectionError("gone after writing")
+        return result
+
+
+class UndeclaredWrite(WriteRequest):
+    def __init__(self, request_id, kv, key, value, *, fail):
+        super().__init__(request_id, kv, key, value, write_s=0.5)
+        self._tool = _Undeclared(kv, 0.5, fail)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_tool_that_declares_nothing_is_taken_to_write_anything(fail):
+    kv, other = SharedKV({"colour": "blue"}), SharedKV({"size": "small"}, resource="kv:other")
+    b, c = LookupRequest("b", kv, "colour"), LookupRequest("c", other, "size")
+    d = LookupRequest("d", other, "size")
+    orch = run(
+        "c1",
+        [
+            (0.0, LookupRequest("a", kv, "colour")),
+            (0.0, LookupRequest("a2", other, "size")),
+            (1.0, UndeclaredWrite("w", kv, "colour", "red", fail=fail)),
+            (1.2, b),
+            (1.3, c),
+            (2.0, d),
+        ],
+    )
+    # while it runs, no record serves; a failed one may have changed anything
+    assert [row(orch, r, "lookup").served_from for r in "bcd"] == [
+        "exec",
+        "exec",
+        "exec" if fail else "cache",
+    ]
+    assert b.seen[2] == "red" and c.seen[2] == d.seen[2] == "small"
+    reuse = orch.mechanism_stats["reuse"]
+    assert reuse["invalidated"] == (2 if fail else 1)
+    assert reuse["store"]["writing"] == (0 if fail else 2)
     assert unsafe_splices(orch.log.stages) == []
 
 

@@ -45,22 +45,27 @@ def test_an_announced_write_is_marked_on_every_shard_until_its_commit(store):
     assert stats["writes_open"] == 0 and stats["writes_committed"] == SHARDS
 
 
-def test_a_withdrawn_write_serves_again_and_a_receipt_commits_once(store):
+def test_a_withdrawn_write_serves_again_and_a_failed_one_invalidates_every_shard(store):
     client = store()
-    a = rec(on_shard(0), reads={"res": "0"})
+    a, b = rec(on_shard(0), reads={"res": "0"}), rec(on_shard(1), reads={"db": "0"})
 
     async def main():
         await client.put(a, 0.0)
+        await client.put(b, 0.0)
         receipt = await client.announce(None, "w")  # may write anything
         missed = await look(client, a)
-        await client.commit(receipt, {}, 1.0)
-        return receipt, missed, await look(client, a)
+        await client.commit(receipt, {}, 1.0)  # it changed nothing
+        hit = await look(client, a)
+        failed = await client.announce(None, "w2")
+        invs = await client.commit(failed, None, 2.0)  # it raised: anything may have changed
+        return receipt, missed, hit, invs, [await look(client, r) for r in (a, b)]
 
-    receipt, missed, hit = run(main())
+    receipt, missed, hit, invs, after = run(main())
     assert missed == Miss(MissReason.WRITING) and isinstance(hit, Hit)
+    assert sorted(inv.resource for inv in invs) == ["db", "res"]
+    assert after == [Miss(MissReason.INVALIDATED)] * 2
     with pytest.raises(TicketError):
-        run(client.commit(receipt, {"res": "2"}, 2.0))
-    assert isinstance(run(look(client, a)), Hit)  # the refused commit wrote nothing
+        run(client.commit(receipt, {"res": "2"}, 3.0))
 
 
 def test_overlapping_writes_commit_one_unknown_version_on_every_shard(store):

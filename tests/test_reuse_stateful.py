@@ -372,14 +372,22 @@ class StoreMachine(RuleBasedStateMachine):
         event("announce " + ("anything" if resources is None else f"{len(resources)}"))
         return receipt
 
-    @rule(receipt=consumes(writes), changed=st.dictionaries(
+    @rule(receipt=consumes(writes), changed=st.none() | st.dictionaries(
         st.sampled_from(RESOURCES), st.sampled_from(["same", "new", "unknown"]), max_size=2))
     def commit(self, receipt: WriteReceipt, changed):
         """The announced write changed ``changed`` (some of what it announced, others, or
-        nothing): every version is applied, then its marks are lifted."""
+        nothing; ``None``: it failed, so all it announced may have changed): every version
+        is applied, then its marks are lifted."""
         m, rid = self.model, receipt.receipt_id
-        writes = {res: self.version_for(res, how) for res, how in changed.items()}
-        invs = self.store.commit(receipt, writes, self.tick())
+        if changed is None:
+            failed = sorted(m.versions if receipt.resources is None else receipt.resources)
+            assert set(self.store.versions.resources()) == set(m.versions)
+            event("commit failed")
+        else:
+            writes = {res: self.version_for(res, how) for res, how in changed.items()}
+        invs = self.store.commit(receipt, None if changed is None else writes, self.tick())
+        if changed is None:
+            writes = dict.fromkeys(failed)
         assert len(invs) == len(writes)
         for res, inv in zip(writes, invs, strict=True):
             event("commit contended" if m.is_contended(rid, res) else "commit alone")

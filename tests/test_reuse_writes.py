@@ -93,13 +93,18 @@ def test_an_unbounded_announcement_marks_every_resource_and_overlapping_ones_sta
     assert isinstance(look(s, a), Hit)
 
 
-def test_a_failed_write_commits_an_unknown_version():
+def test_a_failed_write_commits_an_unknown_version_of_what_it_announced():
     s = SubgraphStore(BIG)
     s.put(rec(1, reads={"fs": "0"}), 0.0)
+    s.put(rec(2, reads={"db": "0"}), 0.0)
     receipt = s.announce({"fs"}, "w")
-    (inv,) = s.commit(receipt, {"fs": None}, 1.0)
-    assert inv.changed and inv.direct == 1
-    assert s.put(rec(2, reads={"fs": "1"}), 2.0).outcome is PutOutcome.STALE
+    (inv,) = s.commit(receipt, None, 1.0)
+    assert inv.resource == "fs" and inv.changed and inv.direct == 1
+    assert s.put(rec(3, reads={"fs": "1"}), 2.0).outcome is PutOutcome.STALE
+    assert isinstance(look(s, rec(2, reads={"db": "0"})), Hit)
+    anything = s.announce(None, "w2")  # a failed call that may have written anything
+    invs = s.commit(anything, None, 3.0)
+    assert [i.resource for i in invs] == ["db", "fs"] and len(s) == 0
 
 
 def test_a_receipt_is_consumed_once_and_a_second_commit_changes_nothing():

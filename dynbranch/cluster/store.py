@@ -213,7 +213,7 @@ class StoreActor:
     async def announce(self, resources: frozenset[str] | None, request_id: str) -> WriteReceipt:
         return self._store.announce(resources, request_id)
 
-    async def resolve(self, receipt: WriteReceipt, writes: dict) -> dict[str, str | None]:
+    async def resolve(self, receipt: WriteReceipt, writes: dict | None) -> dict[str, str | None]:
         return self._store.resolve(receipt, writes)
 
     async def release(self, receipt: WriteReceipt) -> None:
@@ -389,7 +389,7 @@ class RayStoreClient(StoreClient):
             raise
         return WriteReceipt(next(self._receipt_ids), names, request_id, tuple(parts))
 
-    async def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None],
+    async def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None] | None,
                      now: float) -> tuple[Invalidation, ...]:
         """Apply each write on every shard (each checks its part of ``receipt`` is open; shard
         0 resolves contended writes, so all apply one version) with its cross-shard cascade,
@@ -403,11 +403,11 @@ class RayStoreClient(StoreClient):
             await work
             raise
 
-    async def _commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None],
+    async def _commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None] | None,
                       now: float) -> tuple[Invalidation, ...]:
         if len(receipt.parts) != len(self._shards):
             raise TicketError(f"write receipt {receipt.receipt_id}: not of these shards")
-        writes = await self._shards[0].resolve.remote(receipt.parts[0], dict(writes))
+        writes = await self._shards[0].resolve.remote(receipt.parts[0], writes and dict(writes))
         invalidations = tuple([await self._write(resource, version, now, receipt.parts)
                                for resource, version in writes.items()])
         await self._broadcast("release", parts=receipt.parts)

@@ -63,10 +63,11 @@ class StoreClient(ABC):
         them are held, before the write can be observed."""
 
     @abstractmethod
-    async def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None],
+    async def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None] | None,
                      now: float) -> tuple[Invalidation, ...]:
         """Apply the announced write's new versions everywhere, then lift its marks
-        (consumes ``receipt``; empty ``writes``: it changed nothing)."""
+        (consumes ``receipt``; empty ``writes``: it changed nothing; ``None``: it failed,
+        see :meth:`SubgraphStore.commit`)."""
 
     @abstractmethod
     async def stats(self) -> dict[str, Any]:
@@ -111,7 +112,7 @@ class LocalStoreClient(StoreClient):
                        request_id: str) -> WriteReceipt:
         return self.store.announce(resources, request_id)
 
-    async def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None],
+    async def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None] | None,
                      now: float) -> tuple[Invalidation, ...]:
         return self.store.commit(receipt, writes, now)
 

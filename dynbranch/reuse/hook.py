@@ -146,10 +146,11 @@ class ReuseHook:
         return WriteAnnouncement(request_id, write_set)
 
     async def commit(self, announcement: WriteAnnouncement,
-                     writes: Mapping[str, str | None]) -> None:
+                     writes: Mapping[str, str | None] | None) -> None:
         """The announced call is over: these resources changed (resource → new version,
-        ``None``: changed to a version nobody reported). Consumes ``announcement``; the
-        default reports ``writes`` through :meth:`writes`."""
+        ``None``: changed to a version nobody reported); ``writes=None``: the call failed,
+        and whatever it announced may have changed. Consumes ``announcement``; the default
+        reports ``writes`` through :meth:`writes`."""
         if writes:
             await self.writes(announcement.request_id, writes)
 

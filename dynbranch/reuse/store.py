@@ -290,37 +290,39 @@ class SubgraphStore:
     # -- writes in progress (see dynbranch.reuse.writes) ---------------------------------------
 
     def announce(self, resources: Iterable[str] | None, request_id: str) -> WriteReceipt:
-        """Mark ``resources`` (``None``: every resource) as being written, before the write
-        can be observed: until the receipt is committed, records that read one serve
-        nothing and are not stored."""
+        """Mark ``resources`` (``None``: all) as being written, before the write can be
+        observed: until the commit, records that read one serve nothing and are not stored."""
         self.stats.writes_announced += 1
         return self._marks.announce(resources, request_id)
 
-    def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None],
+    def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None] | None,
                now: float) -> tuple[Invalidation, ...]:
-        """Apply the versions the announced write left behind (``None``: changed, version
-        unknown; empty: it changed nothing), then lift its marks, consuming ``receipt``.
+        """Apply the versions the announced write left behind (a version ``None``: changed,
+        version unknown; empty: it changed nothing; ``writes=None``: the call failed, so
+        whatever it announced may have changed), then lift its marks, consuming ``receipt``.
 
         Raises :class:`TicketError` (changing nothing) if the receipt is not open. A write
-        outside the announced resources is applied too; a contended one as unknown
-        (:meth:`resolve`).
-        """
+        outside the announced resources is applied too; see :meth:`resolve`."""
         invalidations = tuple(self.write(r, v, now, under=receipt)
                               for r, v in self.resolve(receipt, writes).items())
         self.release(receipt)
         return invalidations
 
     def resolve(self, receipt: WriteReceipt,
-                writes: Mapping[str, str | None]) -> dict[str, str | None]:
+                writes: Mapping[str, str | None] | None) -> dict[str, str | None]:
         """The versions ``receipt``'s commit applies: as reported, except an unknown version
         for each resource another write touched within its window (see
-        :mod:`dynbranch.reuse.writes`). Raises :class:`TicketError` if it is not open."""
+        :mod:`dynbranch.reuse.writes`); for a failed call (``None``), an unknown version of
+        each announced resource (of every known one, if it may have written anything)."""
         self._marks.check(receipt)
+        if writes is None:
+            names = receipt.resources
+            return dict.fromkeys(sorted(self.versions.resources() if names is None else names))
         return {r: None if self._marks.contended(receipt, r) else v for r, v in writes.items()}
 
     def release(self, receipt: WriteReceipt) -> None:
-        """Lift the marks of ``receipt`` without applying anything (a sharded store applies
-        the versions on every shard first); raises :class:`TicketError` if it is not open."""
+        """Lift ``receipt``'s marks, applying nothing (a sharded store applies the versions on
+        every shard first); raises :class:`TicketError` if it is not open."""
         self._marks.release(receipt)
         self.stats.writes_committed += 1
 

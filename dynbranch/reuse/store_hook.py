@@ -223,20 +223,21 @@ class StoreReuseHook(ReuseHook):
         return WriteAnnouncement(request_id, write_set, receipt)
 
     async def commit(self, announcement: WriteAnnouncement,
-                     writes: Mapping[str, str | None]) -> None:
-        """Apply ``writes`` (what the call really changed) and lift the announcement's
-        marks. A write outside the declared set is applied too, and counted: its window
-        went unprotected (``undeclared_writes``)."""
+                     writes: Mapping[str, str | None] | None) -> None:
+        """Apply ``writes`` (what the call really changed; ``None``: it failed, and the store
+        counts everything announced as changed) and lift the announcement's marks. A write
+        outside the declared set is applied too, and counted: its window went unprotected
+        (``undeclared_writes``)."""
         covers = announcement.write_set.covers
         if self.track_reads:
-            self.counts["undeclared_writes"] += sum(not covers(r) for r in writes)
+            self.counts["undeclared_writes"] += sum(not covers(r) for r in writes or ())
         if announcement.receipt is None:
             await super().commit(announcement, writes)
             return
         self._open_writes -= 1
         invalidations = await self.store.commit(announcement.receipt, writes,
                                                 self.run.clock.now())
-        self.counts["writes"] += len(writes)
+        self.counts["writes"] += len(invalidations)
         self.counts["invalidated"] += sum(len(inv.removed) for inv in invalidations)
 
     async def writes(self, request_id: str, writes: Mapping[str, str | None]) -> None:
