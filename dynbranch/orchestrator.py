@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from dynbranch.arms.base import Arm
+from dynbranch.audit import Rerun, SpliceAudit
 from dynbranch.canonical import value_digest
 from dynbranch.clock import Clock
 from dynbranch.engines.client import EngineClient
@@ -31,7 +32,7 @@ from dynbranch.runtime.run import RunContext
 from dynbranch.runtime.runlog import BranchRecord, RequestRecord, RunLog, StageRecord
 from dynbranch.runtime.stage import StageCall
 from dynbranch.workflow import BranchPoint, as_text
-from dynbranch.workload import BranchResolution, RequestInstance
+from dynbranch.workload import BranchResolution, RequestInstance, Tool, ToolResult
 
 
 class Orchestrator:
@@ -42,9 +43,11 @@ class Orchestrator:
         self.run = run or RunContext(clock=clock, arm=arm.name)
         self.clock, self.arm, self.tenant = clock, arm, self.run.tenant
         self.audit = audit  # re-execute every served stage out of band (the splice checker)
+        self.splices = SpliceAudit()  # the checker's own witness of every tool call
         self.pool = EnginePool(clients, arm.make_placement)
         self.log = RunLog()
-        self.executor = StageExecutor(self.pool, clock, self.log, self.tenant)
+        self.executor = StageExecutor(self.pool, clock, self.log, self.tenant,
+                                      witness=self.splices if audit else None)
         self.reuse = arm.make_reuse(self.run)
         self.branch_hook = arm.make_branch(self.run, self.reuse)
         self.fills = FillRunner(self.executor, self.reuse, self.run.fill.depth)
@@ -155,29 +158,48 @@ class RequestContext:
     async def tool(self, stage: str, values: Mapping[str, Any]) -> Any:
         call = self.state.render(stage, "tool", values)
         start = self._o.rel()
+        issued = self._o.splices.mark()
         lookup = await self._lookup(call)
         if lookup.served is not None:
-            return self._log_served(call, lookup.served, start)
+            return self._log_served(call, lookup.served, start, issued)
         tool = self.instance.tool(call.stage.tool)
         try:
-            try:
-                result, measured = self._ex.call_tool(call, tool)
-            except Exception as e:
-                self._row(call, start, lookup, engine=tool.name, error=f"{type(e).__name__}: {e}")
-                raise ToolCallError(self.request_id, call.stage.name,
-                                    f"{type(e).__name__}: {e}") from e
-            await self._ex.charge(tool, measured)
+            result, row = await self._call_tool(call, tool, start, lookup)
         except BaseException:
             await self._abandon(lookup)
             raise
-        row = self._row(call, start, lookup, engine=tool.name, output=result.value,
-                        tool_result=result)
-        if result.writes:
-            await self._o.reuse.writes(self.request_id, result.writes)
         await self._record(lookup, StageOutcome(result.value, dict(result.reads),
                                                 dict(result.writes), tool.name, row.duration))
         remember(self.state.lineage, lookup.reuse_name, result.value)
         return result.value
+
+    async def _call_tool(self, call: StageCall, tool: Tool, start: float,
+                         lookup: StageLookup) -> tuple[ToolResult, StageRecord]:
+        """Run a tool stage under C1's write protocol, and log its row.
+
+        What the call may write is announced before it runs (so no lookup is served what
+        it is about to change) and committed once its charged time is over — also when it
+        raised (then everything it declared counts as changed, to versions nobody reported)
+        or was cancelled while charged (then what it reported).
+        """
+        reuse = self._o.reuse
+        announced = await reuse.announce(self.request_id, tool.write_set(call.rendered.fields))
+        try:
+            result, measured = self._ex.call_tool(call, tool)
+        except Exception as e:
+            await reuse.commit(announced, None)  # it may have changed all it declared
+            self._row(call, start, lookup, engine=tool.name, error=f"{type(e).__name__}: {e}")
+            raise ToolCallError(self.request_id, call.stage.name,
+                                f"{type(e).__name__}: {e}") from e
+        try:
+            await self._ex.charge(tool, measured)
+        except BaseException:
+            await reuse.commit(announced, dict(result.writes))
+            raise
+        row = self._row(call, start, lookup, engine=tool.name, output=result.value,
+                        tool_result=result)
+        await reuse.commit(announced, dict(result.writes))
+        return result, row
 
     async def human(self, stage: str, values: Mapping[str, Any], think_s: float) -> None:
         call = self.state.render(stage, "human", values)
@@ -239,34 +261,42 @@ class RequestContext:
         self.stages_run += 1
         return row
 
-    def _log_served(self, call: StageCall, served: Served, start: float) -> Any:
+    def _log_served(self, call: StageCall, served: Served, start: float,
+                    issued: int | None = None) -> Any:
+        """Log a served stage; the splice checker judges it (``issued``: the checker's mark
+        when its lookup was issued, for tool stages)."""
         row = self._row(call, start, None, engine="", output=served.value)
         row.served_from, row.reuse_name = served.served_from, served.reuse_name
         row.read_set = dict(served.read_set)
         if self._o.audit:
-            row.audit_digest = self._audit(call)
+            rerun = self._rerun(call)
+            verdict = self._o.splices.check(call, row.output_digest,
+                                            self._o.splices.mark() if issued is None
+                                            else issued, rerun)
+            row.audit_digest = rerun.digest
+            row.audit_verdict, row.audit_note = verdict.verdict, verdict.note
         remember(self.state.lineage, served.reuse_name, served.value)
         return served.value
 
-    def _audit(self, call: StageCall) -> str:
+    def _rerun(self, call: StageCall) -> Rerun:
         """What canonical execution of a served stage returns now, for the splice checker.
 
         Out of band: nothing is charged on the clock and nothing is logged as a stage. An LLM
-        stage's canonical output is the replay oracle's when engines replay the trace
-        (``""``, not audited, when the trace has none or a real engine generates: it would
-        have to run again); a tool stage (read-only, or it would not have
-        been served) is called again on the request's own state as it is now.
+        stage's canonical output is the replay oracle's when engines replay the trace (not
+        audited when the trace has none or a real engine generates: it would have to run
+        again); a tool stage (read-only, or it would not have been served) is called again
+        on the request's own state as it is now, and reports the reads it makes now.
         """
         if call.stage.kind == "llm":
             if not self._o.run.replay:
-                return ""  # a real engine generates: the trace's text is not its output
+                return Rerun()  # a real engine generates: the trace's text is not its output
             text = self.instance.replay_text(call.rendered)
-            return value_digest(text) if text is not None else ""
+            return Rerun(value_digest(text)) if text is not None else Rerun()
         try:
-            value = self.instance.tool(call.stage.tool).call(call.rendered.fields).value
+            result = self.instance.tool(call.stage.tool).call(call.rendered.fields)
         except Exception as e:
-            return value_digest(f"audit raised {type(e).__name__}: {e}")
-        return value_digest(value)
+            return Rerun(error=f"{type(e).__name__}: {e}")
+        return Rerun(value_digest(result.value), dict(result.reads))
 
 
 __all__ = ["Orchestrator", "RequestContext", "as_text"]

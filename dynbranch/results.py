@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dynbranch.audit import unsafe_splices
+from dynbranch.audit import unsafe_splices, unverified_splices
 from dynbranch.runtime.runlog import BranchRecord, RequestRecord, StageRecord
 
 SUMMARY_FIELDS = (
@@ -49,6 +49,7 @@ def summarize(run: Mapping[str, Any], requests: Sequence[RequestRecord],
         "fills_discarded": fills.get("discarded", 0),
         "spec_engine_s": _f(sum(s.engine_s for s in spec)),
         "unsafe_splices": len(unsafe_splices(stages)),
+        "unverified_splices": len(unverified_splices(stages)),
         "wall_s": _f(run["wall_s"]),
     }
     extra = {k: v for k, v in run.items() if k not in out}
@@ -173,6 +174,7 @@ def report(summary: Mapping[str, Any]) -> str:
              f"{s['fills_issued']}/{s['fills_consumed']}/{s['fills_discarded']}"),
         line("Speculative engine time (s):", s["spec_engine_s"], ".2f"),
         line("Unsafe splices:", s["unsafe_splices"]),
+        line("Splices the audit could not re-execute:", s.get("unverified_splices")),
         "=" * 56,
     ]
     if s.get("errors"):

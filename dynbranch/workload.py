@@ -37,6 +37,40 @@ class ToolResult:
     writes: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class WriteSet:
+    """The external resources a tool call may write, declared before it runs.
+
+    C1 marks them as being written from just before the call until its writes are
+    committed (lookups of records that read them miss; records that overlapped the write
+    are refused), so a write is never observable before C1 knows of it. ``unbounded``: the
+    call may write resources it cannot name, and every resource counts as being written
+    while it runs. Empty (false): the call writes nothing.
+    """
+
+    resources: frozenset[str] = frozenset()
+    unbounded: bool = False
+
+    @classmethod
+    def of(cls, *resources: str) -> WriteSet:
+        """The write set naming exactly ``resources``."""
+        return cls(frozenset(resources))
+
+    def __bool__(self) -> bool:
+        return self.unbounded or bool(self.resources)
+
+    def covers(self, resource: str) -> bool:
+        """Whether a write of ``resource`` was declared."""
+        return self.unbounded or resource in self.resources
+
+
+NO_WRITES = WriteSet()
+"""A call that writes nothing."""
+
+ANY_WRITES = WriteSet(unbounded=True)
+"""A call that may write anything (the safe declaration of an undeclared mutating call)."""
+
+
 class ToolCost(ABC):
     """How a tool stage's duration is charged on the injected clock."""
 
@@ -84,6 +118,17 @@ class Tool(ABC):
 
         Declared, not observed: a fill may only run calls for which this is true.
         """
+
+    def write_set(self, fields: Mapping[str, Any]) -> WriteSet:
+        """The resources a call with these rendered fields may write, declared before it runs.
+
+        The default is safe, not precise: nothing for a call declared read-only, anything
+        (:data:`ANY_WRITES`: C1 serves no record while it runs) for every other call. A tool
+        whose mutating calls name what they write overrides it; a write the call then
+        reports outside its declared set is still committed, but C1 could not protect its
+        window (the reuse hook counts it as ``undeclared_writes``).
+        """
+        return NO_WRITES if self.is_read_only(fields) else ANY_WRITES
 
     @abstractmethod
     def call(self, fields: Mapping[str, Any]) -> ToolResult:

@@ -136,20 +136,40 @@ def test_a_store_too_small_to_hold_anything_still_serves_every_request(capacity)
     assert {s.served_from for s in orch.log.stages} == {"exec"}
 
 
-def test_the_splice_checker_flags_a_changed_value_and_a_stale_read_set():
-    from dynbranch.runtime.runlog import StageRecord
+def test_the_splice_checker_judges_served_stages_by_its_own_timeline():
+    from dynbranch.audit import SAFE, UNSAFE, UNVERIFIED, Rerun, SpliceAudit
+    from dynbranch.canonical import value_digest
+    from dynbranch.runtime.execution import RequestState
+    from dynbranch.workload import ToolResult, WriteSet
 
-    def row(**kw):
-        base = dict(request_id="r", stage="s", kind="tool", seq=0, coordinate=None,
-                    start=1.0, end=1.0, served_from="cache", output_digest="x",
-                    audit_digest="x", read_set={RESOURCE: "0"})
-        base.update(kw)
-        return StageRecord(**base)
+    kv = SharedKV({"colour": "blue"})
+    lookup = RequestState(ReadRequest("r", kv, "colour")).render("lookup", "tool",
+                                                                  {"key": "colour"})
+    store = RequestState(WriteRequest("w", kv, "colour", "red")).render(
+        "store", "tool", {"key": "colour", "value": "red"})
+    blue, red = value_digest("blue"), value_digest("red")
+    audit = SpliceAudit()
 
-    write = row(served_from="exec", start=0.2, end=0.5, writes={RESOURCE: "1"}, read_set={})
-    safe_before = row(start=0.4)  # served before the write finished
-    stale = row(start=0.6)  # served after it, still reading version 0
-    changed = row(start=0.6, read_set={RESOURCE: "1"}, audit_digest="y")
-    fine = row(start=0.6, read_set={RESOURCE: "1"})
-    bad = unsafe_splices([write, safe_before, stale, changed, fine])
-    assert bad == [stale, changed]
+    def verdict(digest, issued, rerun):
+        return audit.check(lookup, digest, issued, rerun).verdict
+
+    audit.called(lookup, ToolResult("blue", reads={RESOURCE: "0"}), 0.1)
+    before_write = audit.mark()
+    now_blue = Rerun(blue, {RESOURCE: "0"})
+    assert verdict(blue, before_write, now_blue) == SAFE
+    assert verdict(red, before_write, Rerun(red, {RESOURCE: "0"})) == UNSAFE  # nobody made it
+    assert verdict(blue, before_write, Rerun(red, {RESOURCE: "0"})) == UNSAFE  # value moved
+    assert verdict(blue, before_write, Rerun(error="boom")) == UNVERIFIED
+    audit.called(store, ToolResult("ok", reads={RESOURCE: "0"}, writes={RESOURCE: "1"}), 0.2)
+    after_write = audit.mark()
+    # served by a lookup issued after the write took effect: stale, whatever the re-run says
+    assert verdict(blue, after_write, now_blue) == UNSAFE
+    assert verdict(blue, after_write, Rerun(error="boom")) == UNSAFE
+    # the value half compares with what canonical execution returns now, whenever served
+    assert verdict(blue, before_write, Rerun(red, {RESOURCE: "1"})) == UNSAFE
+    # an execution after the write (a join the lookup waited for) justifies its own value
+    audit.called(lookup, ToolResult("red", reads={RESOURCE: "1"}), 0.3)
+    assert verdict(red, after_write, Rerun(red, {RESOURCE: "1"})) == SAFE
+    assert verdict(red, audit.mark(), Rerun(red, {RESOURCE: "2"})) == UNSAFE  # moved unseen
+    audit.raised(store, WriteSet(unbounded=True), 0.4)
+    assert verdict(red, audit.mark(), Rerun(red, {RESOURCE: "1"})) == UNSAFE  # may be changed

@@ -105,7 +105,7 @@ def store(local_ray):
     for client in made:
         stats = run(client.stats())
         assert stats["objects_held"] == stats["records_held"]
-        assert stats["in_flight"] == 0
+        assert stats["in_flight"] == 0 and stats["writes_open"] == 0
         for actor in client._shards:
             ray.kill(actor)
 

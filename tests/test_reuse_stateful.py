@@ -1,16 +1,13 @@
 """The subgraph store against a plain-dict model, driven by Hypothesis.
 
 Names are hashed to seven values so twelve keys (six inputs x two tenants) collide often;
-versions change through the store (eager invalidation) and behind its back (the guard).
-The model predicts every result exactly: lookups, puts with their evictions, promotions,
-invalidation levels, counters.
+versions change through the store (eager invalidation), behind its back (the guard) and
+through announced writes (resources marked as being written until their commit). The model
+predicts every result exactly: lookups, puts with their evictions, promotions, invalidation
+levels, write marks, counters.
 """
 
 from __future__ import annotations
-
-import hashlib
-from dataclasses import dataclass, field
-from typing import Any
 
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -21,6 +18,7 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     multiple,
+    precondition,
     rule,
 )
 
@@ -33,129 +31,19 @@ from dynbranch.reuse import (
     Provenance,
     Record,
     RecordState,
-    ReuseKey,
     ShadowMatch,
     Stale,
     SubgraphStore,
     Ticket,
+    WriteReceipt,
 )
-
-KEYS = [ReuseKey("fp", {"i": i}, "m", "r", {}, None, tenant)
-        for tenant in ("a", "b") for i in range(6)]
-INDEX = {k.key_bytes(): i for i, k in enumerate(KEYS)}
-RESOURCES = ("r0", "r1", "r2")
-
-
-def tiny_hash(data: bytes) -> str:
-    return f"n{hashlib.sha256(data).digest()[0] % 7}"
-
-
-@dataclass
-class M:
-    """The model of one stored record."""
-
-    key: int
-    committed: bool
-    reads: dict[str, str]
-    upstream: tuple[str, ...]
-    size: int
-    cost: float
-    value: Any
-    used: float
-    hits: int = 0
-
-
-@dataclass
-class Model:
-    capacity: int
-    policy: str
-    versions: dict[str, str] = field(default_factory=dict)
-    external: dict[str, bool] = field(default_factory=dict)
-    recs: dict[str, M] = field(default_factory=dict)
-    gone: dict[str, MissReason] = field(default_factory=dict)
-    pins: dict[str, set[int]] = field(default_factory=dict)
-    inflight: dict[str, Ticket] = field(default_factory=dict)
-    open: set[int] = field(default_factory=set)
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("hits", "misses", "collisions", "stale", "shadow_matches", "joins", "puts",
-         "refused", "promotions", "drops", "lost", "evictions", "invalidated_direct",
-         "invalidated_cascade"), 0))
-
-    @property
-    def bytes(self) -> int:
-        return sum(m.size for m in self.recs.values())
-
-    def remove(self, name: str, reason: MissReason | None) -> None:
-        del self.recs[name]
-        self.pins.pop(name, None)
-        if reason is not None:
-            self.gone[name] = reason
-
-    def stale_reads(self, name: str) -> dict[str, tuple[str, str | None]]:
-        m = self.recs[name]
-        return {r: (v, self.versions.get(r)) for r, v in m.reads.items()
-                if self.versions.get(r) != v}
-
-    def stale_roots(self, name: str) -> dict[str, dict]:
-        closure, todo = {name}, [name]
-        while todo:
-            for u in self.recs[todo.pop()].upstream:
-                if u in self.recs and u not in closure:
-                    closure.add(u)
-                    todo.append(u)
-        return {n: self.stale_reads(n) for n in closure if self.stale_reads(n)}
-
-    def cascade(self, roots) -> tuple[tuple[str, ...], ...]:
-        levels, level, seen = [], sorted(set(roots)), set(roots)
-        while level:
-            for n in level:
-                self.remove(n, MissReason.INVALIDATED)
-            levels.append(tuple(level))
-            nxt = {n for n, m in self.recs.items() if n not in seen
-                   and any(u in level for u in m.upstream)}
-            seen |= nxt
-            level = sorted(nxt)
-        if levels:
-            self.counts["invalidated_direct"] += len(levels[0])
-            self.counts["invalidated_cascade"] += sum(len(lv) for lv in levels[1:])
-        return tuple(levels)
-
-    def order(self, name: str) -> tuple:
-        m = self.recs[name]
-        prio = (m.used,) if self.policy == "lru" else (m.cost / m.size, m.used)
-        return (int(m.committed), prio)
-
-    def expect_put(self, r: Record, key: int) -> tuple[str, list[str]]:
-        for res, v in r.read_set.items():
-            self.versions.setdefault(res, v)
-        if any(self.versions[res] != v for res, v in r.read_set.items()):
-            return "stale", []
-        if any(self.gone.get(u) is MissReason.INVALIDATED for u in r.provenance.upstream):
-            return "stale", []  # rendered from a record a write already invalidated
-        if r.size > self.capacity:
-            return "too_large", []
-        old = self.recs.get(r.name)
-        if old and not r.committed and old.committed and old.key == key:
-            return "kept_committed", []
-        extra = r.size - (old.size if old else 0)
-        protected = {n for n in self.recs if n in self.pins or n in self.inflight
-                     or n == r.name}
-        held = self.bytes
-        if held + extra - self.capacity > 0 and \
-                held - sum(self.recs[n].size for n in protected) < held + extra - self.capacity:
-            return "no_room", []
-        evicted = []
-        for n in sorted((n for n in self.recs if n not in protected), key=self.order):
-            if held + extra <= self.capacity:
-                break
-            evicted.append(n)
-            held -= self.recs[n].size
-        return ("replaced" if old else "stored"), evicted
+from tests.reuse_store_model import INDEX, KEYS, RESOURCES, M, Model, tiny_hash
 
 
 class StoreMachine(RuleBasedStateMachine):
     tickets = Bundle("tickets")
     receipts = Bundle("receipts")
+    writes = Bundle("writes")
 
     @initialize(capacity=st.sampled_from([6_000, 15_000, 60_000]),
                 policy=st.sampled_from(["lru", "cost"]))
@@ -243,6 +131,10 @@ class StoreMachine(RuleBasedStateMachine):
                 removed = [n for lv in m.cascade(roots) for n in lv]
                 assert isinstance(got, Stale) and list(got.removed) == removed
                 assert set(got.stale_reads) == {r for s in roots.values() for r in s}
+            elif m.being_written(name):
+                m.counts["misses"] += 1
+                m.counts["writing"] += 1
+                assert got == Miss(MissReason.WRITING)
             elif entry.committed:
                 m.counts["hits"] += 1
                 entry.hits += 1
@@ -285,6 +177,10 @@ class StoreMachine(RuleBasedStateMachine):
             m.cascade(roots)
             assert got is None
             return
+        if m.being_written(name):
+            m.counts["writing"] += 1
+            assert got is None
+            return
         if not entry.committed:
             entry.committed = True
             m.counts["promotions"] += 1
@@ -311,11 +207,73 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(res=st.sampled_from(RESOURCES), how=st.sampled_from(["same", "new", "unknown"]))
     def write(self, res, how):
-        m = self.model
+        inv = self.store.write(res, self.version_for(res, how), self.tick())
+        self.model.contend(res)
+        self.check_write(res, inv)
+
+    @rule(target=writes, resources=st.tuples(
+        st.integers(0, 5), st.frozensets(st.sampled_from(RESOURCES), min_size=1, max_size=2),
+    ).map(lambda t: None if t[0] == 0 else t[1]))  # one in six may write anything
+    @precondition(lambda self: len(self.model.writing) < 2)  # few open, so lookups still hit
+    def announce(self, resources):
+        receipt = self.store.announce(resources, "writer")
+        assert receipt.resources == resources and receipt.receipt_id not in self.model.writing
+        self.model.announce(receipt.receipt_id, resources)
+        self.model.counts["writes_announced"] += 1
+        event("announce " + ("anything" if resources is None else f"{len(resources)}"))
+        return receipt
+
+    @rule(receipt=consumes(writes), changed=st.none() | st.dictionaries(
+        st.sampled_from(RESOURCES), st.sampled_from(["same", "new", "unknown"]), max_size=2))
+    def commit(self, receipt: WriteReceipt, changed):
+        """The announced write changed ``changed`` (some of what it announced, others, or
+        nothing; ``None``: it failed, so all it announced may have changed): every version
+        is applied, then its marks are lifted."""
+        m, rid = self.model, receipt.receipt_id
+        if changed is None:
+            failed = sorted(m.versions if receipt.resources is None else receipt.resources)
+            assert set(self.store.versions.resources()) == set(m.versions)
+            event("commit failed")
+        else:
+            writes = {res: self.version_for(res, how) for res, how in changed.items()}
+        invs = self.store.commit(receipt, None if changed is None else writes, self.tick())
+        if changed is None:
+            writes = dict.fromkeys(failed)
+        assert len(invs) == len(writes)
+        for res, inv in zip(writes, invs, strict=True):
+            event("commit contended" if m.is_contended(rid, res) else "commit alone")
+            current = self.store.versions.current(res)
+            if writes[res] is None or m.is_contended(rid, res):  # a fresh unknown version
+                assert current.startswith("\x00unknown:") and current != m.versions.get(res)
+            else:
+                assert current == writes[res]
+            self.check_write(res, inv)
+        del m.writing[rid]
+        m.contended.pop(rid, None)
+        m.contended_all.discard(rid)
+        self.model.counts["writes_committed"] += 1
+
+    @rule(res=st.sampled_from(RESOURCES), how=st.sampled_from(["same", "new", "unknown"]),
+          ks=st.lists(st.integers(0, 11), min_size=1, max_size=4), data=st.data())
+    @precondition(lambda self: not self.model.writing)
+    def write_window(self, res, how, ks, data):
+        """A whole write: announced, lookups and puts while it is charged, committed."""
+        receipt = self.announce(frozenset({res}))
+        for k in ks:
+            if data.draw(st.booleans()):
+                self.lookup(k, True)
+            else:
+                self.put_record(k, False, 0, 10.0, data)
+        self.commit(receipt, {res: how})
+
+    def version_for(self, res: str, how: str) -> str | None:
         self.version_serial += 1
-        version = {"same": m.versions.get(res, "v0"), "new": f"w{self.version_serial}",
-                   "unknown": None}[how]
-        inv = self.store.write(res, version, self.tick())
+        return {"same": self.model.versions.get(res, "v0"), "new": f"w{self.version_serial}",
+                "unknown": None}[how]
+
+    def check_write(self, res: str, inv) -> None:
+        """The store applied a write of ``res``: check its invalidation against the model."""
+        m = self.model
         current = self.store.versions.current(res)
         assert inv.changed == (m.versions.get(res) != current)
         m.versions[res], m.external[res] = current, False
@@ -417,6 +375,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert {k: snap[k] for k in self.model.counts} == self.model.counts
         assert snap["records_held"] == len(self.model.recs)
         assert snap["in_flight"] == len(self.model.open)
+        assert snap["writes_open"] == len(self.model.writing)
 
 
 StoreMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=50,

@@ -61,10 +61,11 @@ def test_hit_serves_value_and_counts():
     assert got.record.hits == 1 and look(s, r, 2.0).record.hits == 2
     assert look(s, rec(2)) == Miss(MissReason.ABSENT)
     assert s.snapshot() == {
-        "hits": 2, "misses": 1, "collisions": 0, "stale": 0, "shadow_matches": 0, "joins": 0,
-        "puts": 1, "refused": 0, "promotions": 0, "drops": 0, "lost": 0, "evictions": 0,
-        "invalidated_direct": 0, "invalidated_cascade": 0, "bytes_held": r.size,
-        "records_held": 1, "in_flight": 0}
+        "hits": 2, "misses": 1, "collisions": 0, "stale": 0, "writing": 0, "shadow_matches": 0,
+        "joins": 0, "puts": 1, "refused": 0, "promotions": 0, "drops": 0, "lost": 0,
+        "evictions": 0, "invalidated_direct": 0, "invalidated_cascade": 0,
+        "writes_announced": 0, "writes_committed": 0, "bytes_held": r.size,
+        "records_held": 1, "in_flight": 0, "writes_open": 0}
 
 
 def test_tenant_isolation_both_halves():

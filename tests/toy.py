@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dynbranch.workflow import BranchCoordinate, BranchPoint, StageSpec, Template
-from dynbranch.workload import ModelledCost, RequestInstance, Tool, ToolResult
+from dynbranch.workload import NO_WRITES, ModelledCost, RequestInstance, Tool, ToolResult, WriteSet
 
 TEMPLATE = Template("toy", "1", [
     StageSpec("plan", "llm", ("question",), prompt="Plan for: {question}", model="target",
@@ -32,6 +32,9 @@ class KVTool(Tool):
 
     def is_read_only(self, fields: Mapping[str, Any]) -> bool:
         return True
+
+    def write_set(self, fields: Mapping[str, Any]) -> WriteSet:
+        return NO_WRITES  # per-request state, only ever read
 
     def call(self, fields: Mapping[str, Any]) -> ToolResult:
         if self._fail:

@@ -12,18 +12,20 @@
   client fetches and decodes; a lost object reads as ``Miss(LOST)``, never as an error.
 
 Writes are broadcast and cascade across shards: a record on one shard whose provenance names
-a record removed on another is removed too (see :meth:`RayStoreClient.write`).
+a record removed on another is removed too (see :meth:`RayStoreClient.write`). A write in
+progress is marked on every shard, until its cascade reached all (:meth:`RayStoreClient.commit`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from dynbranch.errors import CorruptRecordError
+from dynbranch.errors import CorruptRecordError, TicketError
 from dynbranch.reuse.client import StoreClient
 from dynbranch.reuse.eviction import EvictionPolicy
 from dynbranch.reuse.lookups import (
@@ -37,6 +39,7 @@ from dynbranch.reuse.lookups import (
     PutResult,
     ShadowMatch,
     Ticket,
+    WriteReceipt,
 )
 from dynbranch.reuse.record import Record, RecordState, from_arrow, to_arrow
 from dynbranch.reuse.store import SubgraphStore
@@ -203,8 +206,18 @@ class StoreActor:
     async def observe_reads(self, read_set: Mapping[str, str]) -> StaleReads:
         return self._store.observe_reads(read_set)
 
-    async def write(self, resource: str, new_version: str | None, now: float) -> Invalidation:
-        return self._store.write(resource, new_version, now)
+    async def write(self, resource: str, new_version: str | None, now: float,
+                    under: WriteReceipt | None = None) -> Invalidation:
+        return self._store.write(resource, new_version, now, under=under)
+
+    async def announce(self, resources: frozenset[str] | None, request_id: str) -> WriteReceipt:
+        return self._store.announce(resources, request_id)
+
+    async def resolve(self, receipt: WriteReceipt, writes: dict | None) -> dict[str, str | None]:
+        return self._store.resolve(receipt, writes)
+
+    async def release(self, receipt: WriteReceipt) -> None:
+        self._store.release(receipt)
 
     async def invalidate_upstream(self, gone: Mapping[str, int]) -> dict[str, int]:
         """See :meth:`_ShardStore.invalidate_upstream`."""
@@ -289,6 +302,7 @@ class RayStoreClient(StoreClient):
             raise ValueError("a RayStoreClient needs at least one shard")
         self._shards = list(shards)
         self._known: set[str] = set()  # resources every shard has been told of
+        self._receipt_ids = itertools.count(1)
 
     @property
     def shards(self) -> int:
@@ -361,8 +375,48 @@ class RayStoreClient(StoreClient):
         cross-shard paths gets the depth of the path that reached it first, so the removed
         set is exact and the depths are upper bounds of the shortest paths.
         """
+        return await self._write(resource, new_version, now, ())
+
+    async def announce(self, resources: Iterable[str] | None, request_id: str) -> WriteReceipt:
+        """Mark ``resources`` as being written on every shard; returns once all hold it."""
+        names = None if resources is None else frozenset(resources)
+        pending = asyncio.gather(*(a.announce.remote(names, request_id) for a in self._shards))
+        try:
+            parts = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            # NOTE: the shards hold the marks anyway: lift them, or lookups would miss for good
+            await self._broadcast("release", parts=await pending)
+            raise
+        return WriteReceipt(next(self._receipt_ids), names, request_id, tuple(parts))
+
+    async def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None] | None,
+                     now: float) -> tuple[Invalidation, ...]:
+        """Apply each write on every shard (each checks its part of ``receipt`` is open; shard
+        0 resolves contended writes, so all apply one version) with its cross-shard cascade,
+        then lift the marks on every shard. NOTE: the marks go last, so no shard serves a
+        record reading the old version while another has yet to apply the write or its
+        cascade; a cancelled caller still waits for the commit to end."""
+        work = asyncio.ensure_future(self._commit(receipt, writes, now))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            await work
+            raise
+
+    async def _commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None] | None,
+                      now: float) -> tuple[Invalidation, ...]:
+        if len(receipt.parts) != len(self._shards):
+            raise TicketError(f"write receipt {receipt.receipt_id}: not of these shards")
+        writes = await self._shards[0].resolve.remote(receipt.parts[0], writes and dict(writes))
+        invalidations = tuple([await self._write(resource, version, now, receipt.parts)
+                               for resource, version in writes.items()])
+        await self._broadcast("release", parts=receipt.parts)
+        return invalidations
+
+    async def _write(self, resource: str, new_version: str | None, now: float,
+                     parts: tuple[WriteReceipt, ...]) -> Invalidation:
         self._known.add(resource)
-        invs = await self._broadcast("write", resource, new_version, now)
+        invs = await self._broadcast("write", resource, new_version, now, parts=parts)
         depth = {n: d for inv in invs for d, level in enumerate(inv.levels) for n in level}
         fresh = dict(depth)
         while fresh:
@@ -386,10 +440,13 @@ class RayStoreClient(StoreClient):
     def _global_id(self, shard: int, local_id: int) -> int:
         return local_id * len(self._shards) + shard
 
-    async def _broadcast(self, method: str, *args: Any) -> list[Any]:
-        """Call ``method`` with ``args`` on every shard at once; replies in shard order."""
-        return list(await asyncio.gather(*(getattr(a, method).remote(*args)
-                                           for a in self._shards)))
+    async def _broadcast(self, method: str, *args: Any,
+                         parts: Sequence[Any] = ()) -> list[Any]:
+        """Call ``method`` with ``args`` (and ``parts``: each shard's own last argument) on
+        every shard at once; replies in shard order."""
+        last = [(p,) for p in parts] if parts else [()] * len(self._shards)
+        return list(await asyncio.gather(*(getattr(a, method).remote(*args, *x)
+                                           for a, x in zip(self._shards, last, strict=True))))
 
     async def _learn(self, read_set: Mapping[str, str]) -> None:
         """Tell every shard of resources first read here, before the record is put.

@@ -22,13 +22,18 @@ of one stage, as the orchestrator's :class:`~dynbranch.reuse.hook.ReuseHook` dri
    exact key match with a fresh read-set; losing fills' shadows are dropped.
 6. **Invalidate.** :meth:`~SubgraphStore.write` bumps a resource's version, removes every
    record that read an older one and, transitively, every record rendered from a removed
-   record (write-cascade), reporting each level in an :class:`Invalidation`.
+   record (write-cascade), reporting each level in an :class:`Invalidation`. A mutating
+   stage first :meth:`~SubgraphStore.announce` s what it may write (a
+   :class:`WriteReceipt`): until :meth:`~SubgraphStore.commit` applies its versions, a
+   record that read one serves nothing (``Miss(WRITING)``) and none is stored
+   (``PutOutcome.WRITING``), so no lookup sees a value the write has already changed.
 7. **Evict.** When a put exceeds the byte capacity the store evicts by policy
    (:class:`LRU` or :class:`CostAware`), shadows first, never pinned or in-flight names.
 
 Records serialise to Arrow IPC (:func:`to_arrow` / :func:`from_arrow`) for the Ray store.
 """
 
+from dynbranch.reuse.client import LocalStoreClient, StoreClient
 from dynbranch.reuse.eviction import LRU, POLICIES, CostAware, EvictionPolicy, make_policy
 from dynbranch.reuse.joins import Waiters
 from dynbranch.reuse.lookups import (
@@ -44,7 +49,9 @@ from dynbranch.reuse.lookups import (
     PutResult,
     ShadowMatch,
     Stale,
+    StoreStats,
     Ticket,
+    WriteReceipt,
 )
 from dynbranch.reuse.names import (
     KEY_SCHEMA_VERSION,
@@ -62,14 +69,14 @@ from dynbranch.reuse.record import (
     from_arrow,
     to_arrow,
 )
-from dynbranch.reuse.store import StoreStats, SubgraphStore
+from dynbranch.reuse.store import SubgraphStore
 from dynbranch.reuse.versions import StaleReads, VersionTable
 
 __all__ = [
     "KEY_SCHEMA_VERSION", "LRU", "POLICIES", "RECORD_SCHEMA", "CostAware", "EvictionPolicy",
-    "HashFn", "Hit", "Invalidation", "JoinInFlight", "Lookup", "LookupKind", "Miss",
-    "MissReason", "PinReceipt", "Provenance", "PutOutcome", "PutResult", "Record",
-    "RecordState", "ReuseKey", "ShadowMatch", "Stale", "StaleReads", "StoreStats",
-    "SubgraphStore", "Ticket", "VersionTable", "Waiters", "from_arrow", "key_for",
-    "make_policy", "reuse_name", "sha256hex", "to_arrow",
+    "HashFn", "Hit", "Invalidation", "JoinInFlight", "LocalStoreClient", "Lookup",
+    "LookupKind", "Miss", "MissReason", "PinReceipt", "Provenance", "PutOutcome", "PutResult",
+    "Record", "RecordState", "ReuseKey", "ShadowMatch", "Stale", "StaleReads", "StoreClient",
+    "StoreStats", "SubgraphStore", "Ticket", "VersionTable", "Waiters", "WriteReceipt",
+    "from_arrow", "key_for", "make_policy", "reuse_name", "sha256hex", "to_arrow",
 ]

@@ -9,10 +9,17 @@ in Ray's object store (``dynbranch.cluster``, the ``ray`` backend).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dynbranch.reuse.lookups import Invalidation, JoinInFlight, Lookup, PutResult, Ticket
+from dynbranch.reuse.lookups import (
+    Invalidation,
+    JoinInFlight,
+    Lookup,
+    PutResult,
+    Ticket,
+    WriteReceipt,
+)
 from dynbranch.reuse.record import Record
 from dynbranch.reuse.store import SubgraphStore
 from dynbranch.reuse.versions import StaleReads
@@ -48,6 +55,19 @@ class StoreClient(ABC):
     @abstractmethod
     async def write(self, resource: str, new_version: str | None,
                     now: float) -> Invalidation: ...
+
+    @abstractmethod
+    async def announce(self, resources: Iterable[str] | None,
+                       request_id: str) -> WriteReceipt:
+        """Mark ``resources`` (``None``: all) as being written, wherever records reading
+        them are held, before the write can be observed."""
+
+    @abstractmethod
+    async def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None] | None,
+                     now: float) -> tuple[Invalidation, ...]:
+        """Apply the announced write's new versions everywhere, then lift its marks
+        (consumes ``receipt``; empty ``writes``: it changed nothing; ``None``: it failed,
+        see :meth:`SubgraphStore.commit`)."""
 
     @abstractmethod
     async def stats(self) -> dict[str, Any]:
@@ -87,6 +107,14 @@ class LocalStoreClient(StoreClient):
 
     async def write(self, resource: str, new_version: str | None, now: float) -> Invalidation:
         return self.store.write(resource, new_version, now)
+
+    async def announce(self, resources: Iterable[str] | None,
+                       request_id: str) -> WriteReceipt:
+        return self.store.announce(resources, request_id)
+
+    async def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None] | None,
+                     now: float) -> tuple[Invalidation, ...]:
+        return self.store.commit(receipt, writes, now)
 
     async def stats(self) -> dict[str, Any]:
         return self.store.snapshot()

@@ -6,7 +6,12 @@ The orchestrator and the fill runner talk to C1 only through this contract:
   reuse name (computed once, carried from here on), and either the :class:`Served` value or
   a :class:`Claim` receipt. The stage then executes, and the receipt is consumed by
   :meth:`~ReuseHook.record` (it succeeded) or :meth:`~ReuseHook.abandon` (it failed).
-  :meth:`~ReuseHook.writes` reports changed external resources.
+* **writes** — before a tool call that may write runs, :meth:`~ReuseHook.announce` marks its
+  declared :class:`~dynbranch.workload.WriteSet` as being written and answers a
+  :class:`WriteAnnouncement` receipt; once its charged time is over (or it failed or was
+  cancelled), :meth:`~ReuseHook.commit` consumes the receipt with the versions the call
+  really left behind. :meth:`~ReuseHook.writes` reports changed resources no announcement
+  covered.
 * **fills (C2)** — :meth:`~ReuseHook.claim_fill` answers a :class:`FillSlot`: a value the
   store already holds, or a claim the fill executes under and consumes with
   :meth:`~ReuseHook.shadow` (a shadow only a canonical lookup of the same name can promote)
@@ -30,10 +35,10 @@ from dynbranch.errors import NotSpeculable
 from dynbranch.runtime.stage import StageCall
 
 if TYPE_CHECKING:
-    from dynbranch.reuse.lookups import Ticket
+    from dynbranch.reuse.lookups import Ticket, WriteReceipt
     from dynbranch.reuse.names import ReuseKey
     from dynbranch.runtime.runlog import StageRecord
-    from dynbranch.workload import DataConfig, RequestInstance, Workload
+    from dynbranch.workload import DataConfig, RequestInstance, Workload, WriteSet
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,19 @@ class Claim:
     reuse_name: str
     key: ReuseKey
     ticket: Ticket
+
+
+@dataclass(frozen=True)
+class WriteAnnouncement:
+    """The receipt for a write in progress: :meth:`ReuseHook.commit` consumes it once.
+
+    ``receipt`` is the store's, when the hook marked the resources there; ``None`` when
+    it holds nothing (an empty write set, or a hook that does not track reads).
+    """
+
+    request_id: str
+    write_set: WriteSet
+    receipt: WriteReceipt | None = None
 
 
 @dataclass(frozen=True)
@@ -125,8 +143,22 @@ class ReuseHook:
     async def abandon(self, claim: Claim) -> None:
         """The claimed stage (canonical or fill) failed or was cancelled: release it."""
 
-    async def writes(self, request_id: str, writes: Mapping[str, str]) -> None:
-        """A stage changed these external resources (resource → new version)."""
+    async def announce(self, request_id: str, write_set: WriteSet) -> WriteAnnouncement:
+        """A tool call that may write ``write_set`` is about to run (default: hold nothing)."""
+        return WriteAnnouncement(request_id, write_set)
+
+    async def commit(self, announcement: WriteAnnouncement,
+                     writes: Mapping[str, str | None] | None) -> None:
+        """The announced call is over: these resources changed (resource → new version,
+        ``None``: changed to a version nobody reported); ``writes=None``: the call failed,
+        and whatever it announced may have changed. Consumes ``announcement``; the default
+        reports ``writes`` through :meth:`writes`."""
+        if writes:
+            await self.writes(announcement.request_id, writes)
+
+    async def writes(self, request_id: str, writes: Mapping[str, str | None]) -> None:
+        """A stage changed these external resources (resource → new version) outside any
+        announcement."""
 
     # -- fills (C2) ----------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """Typed results at the store's seams: lookups, puts, invalidations, in-flight tickets.
 
-The store hands its callers these objects, never its internals. A :class:`Lookup` is one of
+The store hands its callers these objects, never its internals (its counters too:
+:class:`StoreStats`). A :class:`Lookup` is one of
 :class:`Hit`, :class:`Miss`, :class:`Stale`, :class:`ShadowMatch` or :class:`JoinInFlight`;
 each carries its :class:`LookupKind` so callers can ``match`` on the class or switch on
 ``kind``.
@@ -29,6 +30,7 @@ class MissReason(enum.StrEnum):
 
     ABSENT = "absent"  # never recorded (or forgotten long ago)
     COLLISION = "collision"  # the name holds a record (or fill) of another key
+    WRITING = "writing"  # the record (or one it was rendered from) read a resource being written
     EVICTED = "evicted"
     LOST = "lost"  # the record's bytes were lost (e.g. an object-store failure)
     DROPPED = "dropped"  # a losing fill's shadow, discarded
@@ -112,6 +114,25 @@ class Ticket:
 
 
 @dataclass(frozen=True, slots=True)
+class WriteReceipt:
+    """An announced write: until :meth:`SubgraphStore.commit` consumes it, each of
+    ``resources`` (``None``: every resource) counts as being written.
+
+    ``parts`` holds the shards' own receipts when the store is sharded (in shard order),
+    so the commit reaches every shard that holds the mark.
+    """
+
+    receipt_id: int
+    resources: frozenset[str] | None
+    request_id: str
+    parts: tuple[WriteReceipt, ...] = ()
+
+    def covers(self, resource: str) -> bool:
+        """Whether ``resource`` counts as being written under this receipt."""
+        return self.resources is None or resource in self.resources
+
+
+@dataclass(frozen=True, slots=True)
 class PinReceipt:
     """Protection of ``name`` from eviction, released by :meth:`SubgraphStore.unpin`."""
 
@@ -126,6 +147,7 @@ class PutOutcome(enum.StrEnum):
     STALE = "stale"  # read a version that is no longer current: not stored
     TOO_LARGE = "too_large"  # larger than the whole capacity: not stored
     NO_ROOM = "no_room"  # pinned/in-flight records leave no room: not stored
+    WRITING = "writing"  # read a resource a write in progress may have changed: not stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,3 +183,26 @@ class Invalidation:
     @property
     def removed(self) -> tuple[str, ...]:
         return tuple(n for level in self.levels for n in level)
+
+
+@dataclass
+class StoreStats:
+    """Counters since the store was made. Every lookup counts, serving or not."""
+
+    hits: int = 0
+    misses: int = 0  # every Miss, collisions included
+    collisions: int = 0  # name held by another key (lookup or begin)
+    stale: int = 0  # lookups/promotes that found a stale record
+    writing: int = 0  # lookups/promotes that found a record reading a resource being written
+    shadow_matches: int = 0
+    joins: int = 0
+    puts: int = 0  # stored (new or replacing)
+    refused: int = 0  # puts not stored (stale, being written, too large, no room, kept)
+    promotions: int = 0
+    drops: int = 0
+    lost: int = 0
+    evictions: int = 0
+    invalidated_direct: int = 0
+    invalidated_cascade: int = 0
+    writes_announced: int = 0
+    writes_committed: int = 0

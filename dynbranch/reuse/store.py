@@ -8,7 +8,9 @@ needs time takes ``now``. It is not thread-safe; one event loop (or one actor) o
 Invariants it keeps (the stateful test checks each):
 
 * a serving lookup never exposes a shadow's value (it gets :class:`ShadowMatch` without it);
-* a :class:`Hit` has an equal key and a fresh read-set, its own and every stored upstream's;
+* a :class:`Hit` has an equal key and a fresh read-set, its own and every stored upstream's,
+  none of it being written (an announced write, :meth:`announce`, not yet committed);
+* a record that read a resource being written is never stored;
 * after :meth:`write`, no record that read the old version remains, nor any record
   rendered (transitively, through provenance) from a removed one;
 * after :meth:`put` returns, the bytes held do not exceed the capacity;
@@ -20,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 
 from dynbranch.errors import TicketError
@@ -38,32 +40,16 @@ from dynbranch.reuse.lookups import (
     PutResult,
     ShadowMatch,
     Stale,
+    StoreStats,
     Ticket,
+    WriteReceipt,
 )
+from dynbranch.reuse.pins import Pins
 from dynbranch.reuse.record import Record, RecordState
 from dynbranch.reuse.versions import StaleReads, VersionTable
+from dynbranch.reuse.writes import WriteMarks
 
 _SHADOW_TIER, _COMMITTED_TIER = 0, 1
-
-
-@dataclass
-class StoreStats:
-    """Counters since the store was made. Every lookup counts, serving or not."""
-
-    hits: int = 0
-    misses: int = 0  # every Miss, collisions included
-    collisions: int = 0  # name held by another key (lookup or begin)
-    stale: int = 0  # lookups/promotes that found a stale record
-    shadow_matches: int = 0
-    joins: int = 0
-    puts: int = 0  # stored (new or replacing)
-    refused: int = 0  # puts not stored (stale, too large, no room, kept committed)
-    promotions: int = 0
-    drops: int = 0
-    lost: int = 0
-    evictions: int = 0
-    invalidated_direct: int = 0
-    invalidated_cascade: int = 0
 
 
 @dataclass(slots=True)
@@ -118,9 +104,9 @@ class SubgraphStore:
         self._ticks = itertools.count(1)
         self._bytes = 0
         self._inflight = InFlight()
-        self._pins: dict[str, set[int]] = {}
-        self._pin_ids = itertools.count(1)
+        self._pins = Pins()
         self._gone: OrderedDict[str, MissReason] = OrderedDict()
+        self._marks = WriteMarks()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -133,13 +119,19 @@ class SubgraphStore:
         :meth:`write` removes stale records eagerly; the guard also catches versions an
         owner changed in a shared table behind the store's back, and then removes the
         stale records with their cascade (:class:`Stale`). ``serving=False`` is for C2's
-        bookkeeping only: it alone returns a shadow's record.
+        bookkeeping only: it alone returns a shadow's record. A fresh record that read a
+        resource being written (:meth:`announce`) is kept but serves nothing
+        (``Miss(WRITING)``): the write may already have changed what it read.
         """
         entry = self._records.get(name)
         if entry is not None and entry.record.key_bytes == key_bytes:
             roots = self._stale_roots(name)
             if roots:
                 return self._invalidate_stale(name, roots)
+            if self._being_written(name):
+                self.stats.misses += 1
+                self.stats.writing += 1
+                return Miss(MissReason.WRITING)
             if entry.record.committed:
                 self.stats.hits += 1
                 entry.record = replace(entry.record, hits=entry.record.hits + 1)
@@ -188,7 +180,8 @@ class SubgraphStore:
     def snapshot(self) -> dict[str, int]:
         """Counters plus bytes and records held, for logs and summaries."""
         return {**asdict(self.stats), "bytes_held": self._bytes,
-                "records_held": len(self._records), "in_flight": len(self._inflight)}
+                "records_held": len(self._records), "in_flight": len(self._inflight),
+                "writes_open": len(self._marks)}
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -196,11 +189,14 @@ class SubgraphStore:
         """Store a committed record or a shadow, evicting by policy to stay within capacity.
 
         The versions of resources read for the first time are learned first. Refused
-        (nothing else changes) when the record read a version that is no longer current,
-        is larger than the capacity, is a shadow of a key already committed, or only
-        pinned/in-flight records could make room.
+        (nothing else changes) when the record read a version that is no longer current
+        or a resource being written (its execution overlapped a write that may have changed
+        what it read), is larger than the capacity, is a shadow of a key already committed,
+        or only pinned/in-flight records could make room.
         """
         self.versions.learn(record.read_set)
+        if self._marks.writing(record.read_set):
+            return self._refuse(PutOutcome.WRITING)
         stale = self.versions.stale(record.read_set)
         if stale:
             return self._refuse(PutOutcome.STALE, stale)
@@ -238,6 +234,9 @@ class SubgraphStore:
         if roots:
             self._invalidate_stale(name, roots)
             return None
+        if self._being_written(name):
+            self.stats.writing += 1
+            return None
         if not entry.record.committed:
             entry.record = replace(entry.record, state=RecordState.COMMITTED)
             self.stats.promotions += 1
@@ -268,19 +267,64 @@ class SubgraphStore:
         self.versions.learn(read_set)
         return self.versions.stale(read_set)
 
-    def write(self, resource: str, new_version: str | None, now: float) -> Invalidation:
+    def write(self, resource: str, new_version: str | None, now: float, *,
+              under: WriteReceipt | None = None) -> Invalidation:
         """``resource`` moved to ``new_version`` (``None``: unknown): remove what read it.
 
         Removes every record that read ``resource`` at another version, then every record
         whose provenance names a removed one, level by level. ``now`` is accepted for a
-        uniform, clock-free signature; invalidation does not depend on it.
+        uniform, clock-free signature; invalidation does not depend on it. ``under``: the
+        announced write this is part of, checked open first (see :meth:`commit`).
         """
+        if under is not None:
+            self._marks.check(under)
+        else:
+            self._marks.contend(resource)
         changed = bool(self.versions.write(resource, new_version))
         current = self.versions.current(resource)
         direct = [n for n in self._by_resource.get(resource, ())
                   if self._records[n].record.read_set[resource] != current]
         levels = self._cascade(direct)
         return Invalidation(resource, changed, levels)
+
+    # -- writes in progress (see dynbranch.reuse.writes) ---------------------------------------
+
+    def announce(self, resources: Iterable[str] | None, request_id: str) -> WriteReceipt:
+        """Mark ``resources`` (``None``: all) as being written, before the write can be
+        observed: until the commit, records that read one serve nothing and are not stored."""
+        self.stats.writes_announced += 1
+        return self._marks.announce(resources, request_id)
+
+    def commit(self, receipt: WriteReceipt, writes: Mapping[str, str | None] | None,
+               now: float) -> tuple[Invalidation, ...]:
+        """Apply the versions the announced write left behind (a version ``None``: changed,
+        version unknown; empty: it changed nothing; ``writes=None``: the call failed, so
+        whatever it announced may have changed), then lift its marks, consuming ``receipt``.
+
+        Raises :class:`TicketError` (changing nothing) if the receipt is not open. A write
+        outside the announced resources is applied too; see :meth:`resolve`."""
+        invalidations = tuple(self.write(r, v, now, under=receipt)
+                              for r, v in self.resolve(receipt, writes).items())
+        self.release(receipt)
+        return invalidations
+
+    def resolve(self, receipt: WriteReceipt,
+                writes: Mapping[str, str | None] | None) -> dict[str, str | None]:
+        """The versions ``receipt``'s commit applies: as reported, except an unknown version
+        for each resource another write touched within its window (see
+        :mod:`dynbranch.reuse.writes`); for a failed call (``None``), an unknown version of
+        each announced resource (of every known one, if it may have written anything)."""
+        self._marks.check(receipt)
+        if writes is None:
+            names = receipt.resources
+            return dict.fromkeys(sorted(self.versions.resources() if names is None else names))
+        return {r: None if self._marks.contended(receipt, r) else v for r, v in writes.items()}
+
+    def release(self, receipt: WriteReceipt) -> None:
+        """Lift ``receipt``'s marks, applying nothing (a sharded store applies the versions on
+        every shard first); raises :class:`TicketError` if it is not open."""
+        self._marks.release(receipt)
+        self.stats.writes_committed += 1
 
     # -- in flight ----------------------------------------------------------------------------
 
@@ -311,21 +355,11 @@ class SubgraphStore:
 
     def pin(self, name: str) -> PinReceipt | None:
         """Protect the record under ``name`` from eviction (not from invalidation)."""
-        if name not in self._records:
-            return None
-        receipt = PinReceipt(next(self._pin_ids), name)
-        self._pins.setdefault(name, set()).add(receipt.receipt_id)
-        return receipt
+        return self._pins.pin(name) if name in self._records else None
 
     def unpin(self, receipt: PinReceipt) -> bool:
         """Release ``receipt``; ``False`` if it was released, or its record removed, already."""
-        held = self._pins.get(receipt.name)
-        if not held or receipt.receipt_id not in held:
-            return False
-        held.discard(receipt.receipt_id)
-        if not held:
-            del self._pins[receipt.name]
-        return True
+        return self._pins.unpin(receipt)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -351,7 +385,7 @@ class SubgraphStore:
             _discard(self._by_resource, resource, name)
         for upstream in entry.record.provenance.upstream:
             _discard(self._dependents, upstream, name)
-        self._pins.pop(name, None)
+        self._pins.forget(name)
         if reason is not None:
             self._gone[name] = reason
             self._gone.move_to_end(name)
@@ -404,22 +438,32 @@ class SubgraphStore:
         self.stats.evictions += len(evicted)
         return tuple(evicted)
 
-    def _stale_roots(self, name: str) -> dict[str, StaleReads]:
-        """The stored records, ``name`` and its provenance ancestors, whose reads are stale."""
-        roots: dict[str, StaleReads] = {}
+    def _closure(self, name: str) -> Iterator[Record]:
+        """The stored records ``name`` and its provenance ancestors (transitively)."""
         stack, seen = [name], {name}
         while stack:
             entry = self._records.get(stack.pop())
             if entry is None:
                 continue
-            stale = self.versions.stale(entry.record.read_set)
-            if stale:
-                roots[entry.record.name] = stale
+            yield entry.record
             for upstream in entry.record.provenance.upstream:
                 if upstream not in seen:
                     seen.add(upstream)
                     stack.append(upstream)
+
+    def _stale_roots(self, name: str) -> dict[str, StaleReads]:
+        """The stored records, ``name`` and its provenance ancestors, whose reads are stale."""
+        roots: dict[str, StaleReads] = {}
+        for record in self._closure(name):
+            stale = self.versions.stale(record.read_set)
+            if stale:
+                roots[record.name] = stale
         return roots
+
+    def _being_written(self, name: str) -> bool:
+        """Whether ``name`` or a stored ancestor read a resource being written."""
+        return bool(self._marks) and any(self._marks.writing(r.read_set)
+                                         for r in self._closure(name))
 
     def _invalidate_stale(self, name: str, roots: dict[str, StaleReads]) -> Stale:
         self.stats.stale += 1

@@ -13,10 +13,15 @@ tenant, and:
   key with its read-set (the external reads it made) and its provenance (the records of the
   same request its input was rendered from), so a write invalidates it and, in cascade,
   what was rendered from it;
-* forwards every write (resource → new version) to the store's freshness guard.
+* runs C1's write protocol for every tool call that may write: :meth:`~StoreReuseHook.announce`
+  marks its declared write set as being written in the store before the call runs, and
+  :meth:`~StoreReuseHook.commit` applies the versions it left behind (invalidating, in
+  cascade, what read the old ones) and lifts the marks; a write no announcement covered
+  goes straight to the store's freshness guard (:meth:`~StoreReuseHook.writes`).
 
-``track_reads=False`` drops the read-set and ignores writes: the Helium⁺ baseline's exact
-operator cache, which can serve stale results (the independent splice checker counts them).
+``track_reads=False`` drops the read-set and ignores writes, announced or not: the Helium⁺
+baseline's exact operator cache, which can serve stale results (the independent splice
+checker counts them).
 
 Fills (C2) go through :meth:`StoreReuseHook.claim_fill`: reuse what the store already
 holds, else claim the name, execute at speculative priority and leave a *shadow*
@@ -40,6 +45,7 @@ from dynbranch.reuse.hook import (
     Served,
     StageLookup,
     StageOutcome,
+    WriteAnnouncement,
 )
 from dynbranch.reuse.joins import Waiters
 from dynbranch.reuse.lookups import Hit, JoinInFlight, ShadowMatch, Ticket
@@ -47,6 +53,7 @@ from dynbranch.reuse.names import HashFn, ReuseKey, key_for, reuse_name, sha256h
 from dynbranch.reuse.record import Provenance, Record, RecordState
 from dynbranch.runtime.run import RunContext
 from dynbranch.runtime.stage import StageCall
+from dynbranch.workload import WriteSet
 
 MAX_JOIN_ROUNDS = 8
 """Re-lookups after joins before a stage simply executes (a join can end in a miss)."""
@@ -66,10 +73,10 @@ class StoreReuseHook(ReuseHook):
         if name is not None:
             self.name = name
         self.waiters = Waiters()
-        self._open_claims = 0
+        self._open_claims = self._open_writes = 0
         self.counts = {"served_cache": 0, "served_shadow": 0, "served_join": 0,
                        "executed": 0, "recorded": 0, "unrecordable": 0, "writes": 0,
-                       "invalidated": 0}
+                       "invalidated": 0, "announced": 0, "undeclared_writes": 0}
 
     # -- naming ---------------------------------------------------------------------------
 
@@ -202,7 +209,38 @@ class StoreReuseHook(ReuseHook):
         """Discard a fill's unconsumed shadow (the store keeps committed records)."""
         return await self.store.drop(name)
 
-    async def writes(self, request_id: str, writes: Mapping[str, str]) -> None:
+    # -- writes ---------------------------------------------------------------------------
+
+    async def announce(self, request_id: str, write_set: WriteSet) -> WriteAnnouncement:
+        """Mark ``write_set`` as being written in the store, before the call's effect can be
+        observed (nothing is held for an empty set, or when reads are not tracked)."""
+        if not write_set or not self.track_reads:
+            return WriteAnnouncement(request_id, write_set)
+        resources = None if write_set.unbounded else write_set.resources
+        receipt = await self.store.announce(resources, request_id)
+        self.counts["announced"] += 1
+        self._open_writes += 1
+        return WriteAnnouncement(request_id, write_set, receipt)
+
+    async def commit(self, announcement: WriteAnnouncement,
+                     writes: Mapping[str, str | None] | None) -> None:
+        """Apply ``writes`` (what the call really changed; ``None``: it failed, and the store
+        counts everything announced as changed) and lift the announcement's marks. A write
+        outside the declared set is applied too, and counted: its window went unprotected
+        (``undeclared_writes``)."""
+        covers = announcement.write_set.covers
+        if self.track_reads:
+            self.counts["undeclared_writes"] += sum(not covers(r) for r in writes or ())
+        if announcement.receipt is None:
+            await super().commit(announcement, writes)
+            return
+        self._open_writes -= 1
+        invalidations = await self.store.commit(announcement.receipt, writes,
+                                                self.run.clock.now())
+        self.counts["writes"] += len(invalidations)
+        self.counts["invalidated"] += sum(len(inv.removed) for inv in invalidations)
+
+    async def writes(self, request_id: str, writes: Mapping[str, str | None]) -> None:
         if not self.track_reads:
             return
         for resource, version in writes.items():
@@ -211,7 +249,8 @@ class StoreReuseHook(ReuseHook):
             self.counts["invalidated"] += len(inv.removed)
 
     def stats(self) -> dict[str, Any]:
-        return {**self.counts, "open_tickets": self._open_claims}
+        return {**self.counts, "open_tickets": self._open_claims,
+                "open_writes": self._open_writes}
 
     async def snapshot(self) -> dict[str, Any]:
         return {**self.stats(), "store": await self.store.stats()}

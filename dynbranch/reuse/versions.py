@@ -45,6 +45,10 @@ class VersionTable:
             new_version = f"{_UNKNOWN_PREFIX}{next(self._unknown)}"
         return {resource} if self.observe(resource, new_version) else set()
 
+    def resources(self) -> list[str]:
+        """Every resource whose version is known."""
+        return list(self._current)
+
     def current(self, resource: str) -> str | None:
         """The latest known version of ``resource``, ``None`` if never reported."""
         return self._current.get(resource)

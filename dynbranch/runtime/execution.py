@@ -11,7 +11,7 @@ request and the stage row of a fill are exactly those of the canonical stage it 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from dynbranch.canonical import value_digest
 from dynbranch.clock import Clock
@@ -22,7 +22,7 @@ from dynbranch.runtime.pool import EnginePool
 from dynbranch.runtime.runlog import RunLog, StageRecord
 from dynbranch.runtime.stage import StageCall, upstream_of
 from dynbranch.workflow import StageSpec, as_text
-from dynbranch.workload import RequestInstance, Tool, ToolResult
+from dynbranch.workload import RequestInstance, Tool, ToolResult, WriteSet
 
 Lineage = list[tuple[str, str]]
 """(reuse name, output text) of the stages a request (or a fill) has run, in order."""
@@ -76,15 +76,26 @@ def remember(lineage: Lineage, reuse_name: str, value: Any) -> None:
         lineage.append((reuse_name, text))
 
 
+class ToolWitness(Protocol):
+    """Who hears of every tool call the moment it returns (the splice checker)."""
+
+    def called(self, call: StageCall, result: ToolResult, at: float) -> None: ...
+
+    def raised(self, call: StageCall, write_set: WriteSet, at: float) -> None: ...
+
+
 class StageExecutor:
     """Runs stages on the pool's engines and the request's tools, and logs their rows.
 
     It also keeps the run's time origin: every row's times are seconds since
-    :meth:`start_run`.
+    :meth:`start_run`. ``witness`` hears of every tool call, canonical or a fill's, the
+    moment it returns or raises.
     """
 
-    def __init__(self, pool: EnginePool, clock: Clock, log: RunLog, tenant: str) -> None:
+    def __init__(self, pool: EnginePool, clock: Clock, log: RunLog, tenant: str,
+                 witness: ToolWitness | None = None) -> None:
         self.pool, self.clock, self.log, self.tenant = pool, clock, log, tenant
+        self.witness = witness
         self._t0: float | None = None
 
     def start_run(self) -> float:
@@ -114,7 +125,14 @@ class StageExecutor:
         The tool's own exceptions propagate; :meth:`charge` then charges the clock.
         """
         with self.clock.stopwatch() as sw:
-            result = tool.call(call.rendered.fields)
+            try:
+                result = tool.call(call.rendered.fields)
+            except Exception:
+                if self.witness is not None:
+                    self.witness.raised(call, tool.write_set(call.rendered.fields), self.rel())
+                raise
+        if self.witness is not None:
+            self.witness.called(call, result, self.rel())
         return result, sw.elapsed_s
 
     async def charge(self, tool: Tool, measured_s: float) -> None:

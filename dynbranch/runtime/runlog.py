@@ -42,6 +42,8 @@ class StageRecord:
     writes: dict[str, str] = field(default_factory=dict)  # resource -> version after
     output_digest: str = ""
     audit_digest: str = ""  # served stages: digest of what canonical execution returned then
+    audit_verdict: str = ""  # served stages: the splice checker's safe | unsafe | unverified
+    audit_note: str = ""  # the evidence for the verdict
     error: str = ""
 
     @property

@@ -34,7 +34,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dynbranch.errors import ToolInputError
-from dynbranch.workload import MeasuredCost, ModelledCost, Tool, ToolCost, ToolResult
+from dynbranch.workload import (
+    NO_WRITES,
+    MeasuredCost,
+    ModelledCost,
+    Tool,
+    ToolCost,
+    ToolResult,
+    WriteSet,
+)
 from workloads.hci.sgd_data import Call, Dialogue, Intent, Service
 
 TOOL_NAME = "sgd"
@@ -182,6 +190,17 @@ class ServiceTool(Tool):
         except ToolInputError:
             return False
         return not self.db.intent(call.service, call.method).transactional
+
+    def write_set(self, fields: Mapping[str, Any]) -> WriteSet:
+        """A transactional call writes its service's data; nothing else writes (a call
+        that does not parse is refused before it touches any version)."""
+        try:
+            call, _, _ = self._parse(fields)
+        except ToolInputError:
+            return NO_WRITES
+        if not self.db.intent(call.service, call.method).transactional:
+            return NO_WRITES
+        return WriteSet.of(resource(call.service))
 
     def call(self, fields: Mapping[str, Any]) -> ToolResult:
         call, session, index = self._parse(fields)

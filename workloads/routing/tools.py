@@ -39,7 +39,15 @@ from types import MappingProxyType
 from typing import Any
 
 from dynbranch.errors import ToolExecutionError, ToolInputError
-from dynbranch.workload import MeasuredCost, ModelledCost, Tool, ToolCost, ToolResult
+from dynbranch.workload import (
+    NO_WRITES,
+    MeasuredCost,
+    ModelledCost,
+    Tool,
+    ToolCost,
+    ToolResult,
+    WriteSet,
+)
 from workloads.routing.apis import ApiState
 from workloads.routing.bfcl_data import Record
 from workloads.routing.calls import CallSyntaxError, ParsedCall, parse_call
@@ -144,6 +152,18 @@ class ApiTool(Tool):
         except (CallSyntaxError, LookupError, TypeError):
             return False
         return declared_read_only(cls, call.name, bound.arguments)
+
+    def write_set(self, fields: Mapping[str, Any]) -> WriteSet:
+        """A mutating call on a shared workspace writes its class's state there; nothing
+        else is written: a request's own state is named by lineage (a new value, never a
+        write), and a call that does not bind is refused before it touches any state."""
+        if self.owner is None or self.is_read_only(fields):
+            return NO_WRITES
+        try:
+            cls, _ = self.state.bind(parse_call(fields.get("call")))
+        except (CallSyntaxError, LookupError, TypeError):
+            return NO_WRITES
+        return WriteSet.of(self.resource(cls))
 
     def call(self, fields: Mapping[str, Any]) -> ToolResult:
         text, call = _parse(fields)
