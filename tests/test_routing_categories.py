@@ -264,11 +264,12 @@ def test_router_evidence_holds_branch_time_features_only():
     (first, chosen), second = ctx.branches[0], ctx.branches[1][0]
     assert chosen == ("ls",)
     features = first.evidence["candidate_features"]
-    assert features["ls"] == ["<turn start> -> ls", "name-overlap=0"]
+    # "... hidden files too": ls's description shares one content word ("file")
+    assert features["ls"] == ["<turn start> -> ls", "name-overlap=0", "doc-overlap=1"]
     assert features["<end_of_turn>"] == ["<turn start> -> <end_of_turn>", "end-after=0"]
     # "List everything in here" names no function; after ls ran, ls is marked and END counts it
     assert second.evidence["candidate_features"]["ls"] == [
-        "ls -> ls", "name-overlap=0", "called-this-turn"]
+        "ls -> ls", "name-overlap=0", "doc-overlap=1", "called-this-turn"]
     assert second.evidence["candidate_features"]["<end_of_turn>"][1] == "end-after=1"
     # nothing of the resolved branch: the same features whatever the trace chose next
     assert set(first.evidence) == {"turn", "candidate_features"}

@@ -182,7 +182,6 @@ class Gate:
         self._sel: dict[tuple[str, int], _SelArm] = {}
         self._use: dict[str, BetaPosterior] = {}
         self._returns: dict[str, ReturnStats] = {}
-        self._stage_returns: dict[str, ReturnStats] = {}  # pooled over a stage's steps
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
 
     @property
@@ -218,7 +217,6 @@ class Gate:
     def settle(self, coordinate: str, ret: BranchReturn) -> None:
         """Learn one branch entry's full-path return (call once per opened entry)."""
         self._returns.setdefault(coordinate, ReturnStats()).add(ret.value_ms)
-        self._stage_stats(coordinate).add(ret.value_ms)
         self.counters["settled"] += 1
 
     def return_estimate(self, coordinate: str) -> float:
@@ -227,8 +225,17 @@ class Gate:
         return stats.optimistic(self.config.return_scale_ms, self._stage_stats(coordinate))
 
     def _stage_stats(self, coordinate: str) -> ReturnStats:
-        """The returns of every coordinate of ``coordinate``'s stage (``workflow/stage``)."""
-        return self._stage_returns.setdefault(_stage_of(coordinate), ReturnStats())
+        """The returns of every coordinate of ``coordinate``'s stage (``workflow/stage``).
+
+        NOTE: merged on demand, in the coordinates' insertion order, so a gate restored
+        from :meth:`state` computes bit-identical estimates (a stage has a few dozen steps).
+        """
+        stage = _stage_of(coordinate)
+        pooled = ReturnStats()
+        for coord, stats in self._returns.items():
+            if _stage_of(coord) == stage:
+                pooled.merge(stats)
+        return pooled
 
     # -- Action 1 --------------------------------------------------------------------------
 
@@ -457,7 +464,6 @@ class Gate:
             gate._use[key] = BetaPosterior(alpha, beta)
         for coord, entries, n, mean, m2 in state["returns"]:
             gate._returns[coord] = ReturnStats(entries, n, mean, m2)
-            gate._stage_stats(coord).merge(ReturnStats(0, n, mean, m2))
         gate.counters = dict(state["counters"])
         version, internal, gauss = state["rng"]
         gate._rng.setstate((version, tuple(internal), gauss))
