@@ -28,7 +28,7 @@ STOP_STARTS = words(
     with within however although though but and or if since until also both each many
     most some such one two three four five six seven eight nine ten first second third
     january february march april may june july august september october november
-    december i we you our is was are were be being been has have had not no yes"""
+    december i we you our is was are were be being been has have had not no yes how why"""
 )
 ABBREVIATIONS = words("""St Mt Dr Mr Mrs Ms Jr Sr Co Inc Ltd Gen Col Lt Sgt Capt Rev""")
 _WORD = re.compile(r"[\w'’.&\-]+", re.UNICODE)

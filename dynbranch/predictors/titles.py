@@ -80,17 +80,19 @@ class TitleIndex:
             return ()
         return self._by_key.get(key, ())
 
-    def mentioned(self, text: str) -> list[tuple[str, int]]:
-        """``(title, offset)`` for every title a run of up to :data:`MAX_TITLE_WORDS` words
-        of ``text`` names, longest phrases first, each title once (its first phrase)."""
+    def mentioned(self, text: str) -> list[tuple[str, str, int]]:
+        """``(title, phrase, offset)`` for every title a run of up to
+        :data:`MAX_TITLE_WORDS` words of ``text`` names (``phrase``, at ``offset``), longest
+        phrases first, each title once (its first phrase)."""
         words = [(m.group(0).rstrip(".,'’"), m.start()) for m in _PHRASE_WORD.finditer(text)]
-        found: dict[str, int] = {}
+        found: dict[str, tuple[str, int]] = {}
         for n in range(min(MAX_TITLE_WORDS, len(words)), 0, -1):
             for i in range(len(words) - n + 1):
                 start, last = words[i][1], words[i + n - 1]
-                for title in self.named(text[start : last[1] + len(last[0])]):
-                    found.setdefault(title, start)
-        return list(found.items())
+                phrase = text[start : last[1] + len(last[0])]
+                for title in self.named(phrase):
+                    found.setdefault(title, (phrase, start))
+        return [(title, phrase, offset) for title, (phrase, offset) in found.items()]
 
 
 _INDEXES: dict[str, TitleIndex] = {}

@@ -54,6 +54,7 @@ from dynbranch.predictors.entity import (
     question_features,
     rank_entities,
 )
+from dynbranch.predictors.hops import HOP_COUNTS, HOP_FEATURES, hop_features
 from dynbranch.workload import DataConfig
 from workloads.analysis.listwise import listwise_fit
 from workloads.analysis.trace import trace_all
@@ -79,6 +80,7 @@ class EntityBranch:
     evidence: Mapping[str, Any]
     entity: str
     read_answer: str | None
+    finish: bool = False
 
 
 def _data(data_dir: Path | None) -> DataConfig:
@@ -87,9 +89,10 @@ def _data(data_dir: Path | None) -> DataConfig:
 
 
 def entity_branches(
-    data_dir: Path | None = None, split: str = "test", top_k: int = 3
+    data_dir: Path | None = None, split: str = "test", top_k: int = 3, finishes: bool = False
 ) -> list[EntityBranch]:
-    """The search branches of every question of ``split``, replayed (file order)."""
+    """The search branches of every question of ``split``, replayed (file order), and with
+    ``finishes`` the branches that finish too (``finish`` true; nothing to fill)."""
     data = _data(data_dir)
     workload = ReActWorkload(tool_time="modelled", top_k=top_k, decode_lengths="recorded")
     pool = workload.records(data, split)
@@ -98,11 +101,15 @@ def entity_branches(
     for request, trace in zip(requests, trace_all(requests), strict=True):
         steps = request.record.steps
         for point, (chosen,) in trace.branches:
-            if chosen in (FINISH, INVALID):
+            if chosen == INVALID or (chosen == FINISH and not finishes):
                 continue
             hop = point.coordinate.step
             answer = steps[hop - 1].answer if 0 < hop <= len(steps) else None
-            out.append(EntityBranch(request.request_id, hop, point.evidence, chosen, answer))
+            out.append(
+                EntityBranch(
+                    request.request_id, hop, point.evidence, chosen, answer, chosen == FINISH
+                )
+            )
     return out
 
 
@@ -132,11 +139,17 @@ def entity_accuracy(
     top_k: int = 3,
     branches: Sequence[EntityBranch] | None = None,
 ) -> dict[str, Any]:
-    """Top-1/3/5 of the entity ranker per hop (the module docstring)."""
-    branches = entity_branches(data_dir, split, top_k) if branches is None else branches
+    """Top-1/3/5 of the entity ranker per hop (the module docstring); ``finish``: of the
+    branches that finish, the share where the ranker proposes nothing (``quiet``)."""
+    if branches is None:
+        branches = entity_branches(data_dir, split, top_k, finishes=True)
     groups: dict[str, list[list[int]]] = defaultdict(list)
+    quiet: list[int] = []
     for b in branches:
         ranked = rank_entities(with_observation(b, observation), 1_000, weights)
+        if b.finish:
+            quiet.append(int(not ranked))
+            continue
         hits = [int(b.entity in ranked[:k]) for k in KS] + [int(b.entity in ranked)]
         names = ("all", "hop 0") if b.hop == 0 else ("all", "hops 1+", f"hop {b.hop}")
         for name in names:
@@ -148,6 +161,7 @@ def entity_accuracy(
         "observation": observation,
         "top_k_passages": top_k,
         "rows": dict(sorted(rows.items(), key=lambda kv: _order(kv[0]))),
+        "finish": {"branches": len(quiet), "quiet": sum(quiet) / len(quiet) if quiet else 0.0},
         "paper_top3": PAPER_TOP3,
     }
 
@@ -181,6 +195,23 @@ def fit_weights(
     later = [(follow_features(b.evidence, with_question), b.entity) for b in branches if b.hop > 0]
     follow = _rounded(listwise_fit(later, FOLLOW_FEATURES, l2, iterations))
     return RankerWeights(question=question, follow=follow)
+
+
+def fit_hop_weights(
+    data_dir: Path | None = None, l2: float = 0.01, iterations: int = 3000
+) -> dict[int, dict[str, float]]:
+    """The hop-count model (:mod:`dynbranch.predictors.hops`) fitted on the ``train``
+    split's ReAct questions (a softmax over the hop counts, one weight per count and
+    feature, by :func:`~workloads.analysis.listwise.listwise_fit`), rounded to 0.01."""
+    records = ReActWorkload().records(_data(data_dir), "train")
+    names = [f"{n}:{f}" for n in HOP_COUNTS for f in HOP_FEATURES]
+    groups = []
+    for r in records:
+        features = hop_features(r.question)
+        candidates = {str(n): {f"{n}:{f}": v for f, v in features.items()} for n in HOP_COUNTS}
+        groups.append((candidates, str(min(len(r.steps), max(HOP_COUNTS)))))
+    fitted = _rounded(listwise_fit(groups, names, l2, iterations))
+    return {n: {f: fitted[f"{n}:{f}"] for f in HOP_FEATURES} for n in HOP_COUNTS}
 
 
 def _rounded(weights: Mapping[str, float]) -> dict[str, float]:
