@@ -150,3 +150,49 @@ def sentence_at(found: list[tuple[int, str]], offset: int) -> str:
             break
         at = sentence
     return at
+
+
+# NOTE: title connectors: the small words that occur inside work and place titles ("King of
+# the Mountain", "Nicole and Natalie", "Goss Stadium at Coleman Field").
+TITLE_CONNECTORS = CONNECTORS | words("""and or at in on for a an to with from by""")
+_QUOTED = re.compile(r"[\"“]([^\"”]{2,80})[\"”]")
+
+
+def title_phrases(text: str) -> list[str]:
+    """Title-like phrases of ``text``, each once, in order of first occurrence: quoted
+    strings, and runs of capitalised words or numbers joined by title connectors or by a
+    comma before a capitalised word (``"The Red Tree"``, ``"1967 Federation Cup"``,
+    ``"Push, Nevada"``), with and without a leading ``The``/``A``; then the name spans."""
+    found: dict[str, None] = {m.group(1).strip(): None for m in _QUOTED.finditer(text)}
+    tokens = words_of(text)
+    i = 0
+    while i < len(tokens):
+        if not _title_word(tokens[i][0]):
+            i += 1
+            continue
+        j, last = i + 1, i
+        while j < len(tokens):
+            gap = text[tokens[j - 1][2] : tokens[j][1]]
+            if gap.strip() not in ("", ",") or (
+                gap.strip() == "," and not _title_word(tokens[j][0])
+            ):
+                break
+            if _title_word(tokens[j][0]):
+                last = j
+            elif tokens[j][0].lower() not in TITLE_CONNECTORS or gap.strip():
+                break
+            j += 1
+        phrase = text[tokens[i][1] : tokens[last][2]]
+        if not all(w.lower() in STOP_STARTS for w, _, _ in tokens[i : last + 1]):
+            found[phrase] = None
+            head = tokens[i][0].lower()
+            if head in ("the", "a", "an") and last > i:
+                found[text[tokens[i + 1][1] : tokens[last][2]]] = None
+        i = last + 1
+    for span, _, _ in name_spans(text):
+        found[span] = None
+    return list(found)
+
+
+def _title_word(word: str) -> bool:
+    return capitalised(word) or word.isdigit()
