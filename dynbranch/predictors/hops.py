@@ -24,9 +24,9 @@ _WH = frozenset(("who", "whom", "whose", "what", "which", "where", "when", "how"
 
 # NOTE: fitted on train (fit_hop_weights in workloads/analysis/entity_accuracy.py), rounded.
 FITTED_HOPS: Mapping[int, Mapping[str, float]] = {
-    2: {"bias": 2.88, "words": -0.79, "of": -0.16, "wh": -0.45, "names": 0.23, "and": 0.12},
-    3: {"bias": -1.61, "words": 0.1, "of": 1.11, "wh": 0.36, "names": 0.76, "and": 0.4},
-    4: {"bias": -1.27, "words": 0.69, "of": -0.95, "wh": 0.09, "names": -0.98, "and": -0.52},
+    2: {"bias": 2.89, "words": -0.79, "of": -0.16, "wh": -0.44, "names": 0.2, "and": 0.12},
+    3: {"bias": -1.58, "words": 0.1, "of": 1.08, "wh": 0.37, "names": 0.73, "and": 0.39},
+    4: {"bias": -1.31, "words": 0.68, "of": -0.92, "wh": 0.07, "names": -0.93, "and": -0.51},
 }
 
 

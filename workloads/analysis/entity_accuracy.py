@@ -19,22 +19,23 @@ branches, then the follow model on later hops with the fitted question model ins
 shipped weights (:data:`~dynbranch.predictors.entity.FITTED_QUESTION`,
 :data:`~dynbranch.predictors.entity.FITTED_FOLLOW`) are its output rounded to 0.01.
 
-Measured on ``test`` (``entity_accuracy(observation=...)``; 219 questions, 219 hop-0 and
-308 later-hop search branches, 3 passages per search), top-1 / top-3 / top-5 / candidates:
+Measured on ``test`` (219 questions: 219 hop-0 and 308 later-hop search branches, 219
+finishes; 3 passages per search), top-1 / top-3 / top-5 / candidates in %. The ranking
+alone (``RankerWeights(finish_above=1, min_probability=0)``)::
 
-::
+                 hop 0                  hops 1+                all
+    replayed     65 / 82 / 87 / 90      91 / 91 / 93 / 96      80 / 88 / 90 / 93
+    reader       (as replayed)          72 / 72 / 75 / 79      69 / 77 / 80 / 84
+    none         (as replayed)          22 / 40 / 52 / 73      40 / 58 / 66 / 80
 
-                 hop 0               hops 1+             all
-    replayed     64 / 81 / 85 / 88   91 / 92 / 93 / 95   80 / 87 / 89 / 92
-    reader       (as replayed)       72 / 73 / 74 / 79   69 / 76 / 79 / 83
-    none         (as replayed)       22 / 40 / 49 / 73   40 / 57 / 64 / 79
-
-(the paper: 61 % top-3). Of the later hops' +52 points of top-3 that reading the replayed
-observation adds over ``none``, 19 rest on answers the passages do not hold. Hop 0's entity
-occurs in the question for 74 % of questions (69 % verbatim) — the ceiling of a ranker of the
-question's words — and the page titles it names and the question search lift the
-candidates to 88 %; without the question
-search (``RankerWeights(search_depth=0)``) hop 0 is 57 / 69 / 71 / 71.
+as proposed (the shipped finish gate and probability cut, which drop 83 % of the finishes'
+candidates and the unlikely tail: fewer losing fills): hop 0 65 / 77 / 77 / 77, hops 1+
+85 / 85 / 85 / 85 replayed, 69 / 69 / 69 / 69 reader. The paper: 61 % top-3. Of the later
+hops' +51 points of top-3 that the replayed observation adds over ``none``, 19 rest on
+answers the read's passages do not hold. Hop 0's entity occurs in the question for 74 % of
+questions (69 % verbatim), the ceiling of a ranker of the question's own words; the titles
+its phrases name and the question search lift the candidates to 90 %. Without the question
+search (``search_depth=0``) hop 0 is 54 / 68 / 72 / 73.
 """
 
 from __future__ import annotations
