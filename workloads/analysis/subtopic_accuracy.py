@@ -21,6 +21,19 @@ sub-topics one listwise group (:mod:`~workloads.analysis.listwise`, L2 0.001, 3,
 of 0.3: of L2 0.1 / 0.01 / 0.001 the best top-3 on train, 37 / 39 / 40 %). Chained
 candidates carry their parent's probability under the weights, so the fit runs twice: the
 first from zero weights, the second with the first's.
+
+Measured on ``test`` (train history 583 plans; top-1 / top-3 / top-5 / candidates in % of
+the chosen sub-topics):
+
+* the 100 requests a seed-0 replay draws (270 sub-topics): all 20 / 40 / 44 / 63, first
+  steps 14 / 31 / 33 / 49, later steps 24 / 45 / 51 / 71; candidates at 100 of 100 plan
+  branches; a hit in the top 1 / 2 / 3 / 5 for 55 / 64 / 70 / 71 % of plans, every
+  sub-topic in them for 0 / 3 / 7 / 8 %;
+* all 1,834 test plans in one stream: all 25 / 49 / 56 / 70, first steps 21 / 41 / 47 /
+  60, later steps 27 / 54 / 62 / 75; every sub-topic in the top 2 / 3 / 5 / 8 for 5 / 14 /
+  22 / 28 % of plans.
+
+The ``recall`` predictor on the same 100: candidates at 3 plan branches, 0.4 % top-3.
 """
 
 from __future__ import annotations
