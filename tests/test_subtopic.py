@@ -124,6 +124,14 @@ def test_learns_only_from_resolved_branches_and_never_mutates_the_history():
     # a new history object rebuilds the memory, keeping what was observed
     again = p.rank(ctx("Who was the producer of Night Train?", HISTORY[:2] + HISTORY[2:]), 5)
     assert "Night Train >> producer" in again
+    # a branch of a question the history holds (a train request replayed before the run)
+    # is not counted again, even when observed before the history arrives
+    known = SubtopicPredictor()
+    known.observe(ctx(HISTORY[0].question, ()), ("Green >> performer",))
+    memory = known.memory(ctx("q").evidence)
+    assert memory.count["Green >> performer"] == 2 and memory.questions == 3
+    known.observe(ctx(HISTORY[0].question), ("Green >> performer",))
+    assert known.memory(ctx("q").evidence).count["Green >> performer"] == 2
     plan = observed_plan(question, ("<none>", "Night Train >> producer"), PlanMemory())
     assert plan.steps == (
         KnownStep("Night Train >> producer", "Night Train", "producer", "", True),

@@ -5,8 +5,9 @@ sub-topic strings exactly as the planner writes them (``"<entity> >> <ask>"``), 
 is promoted only on an exact reuse-name match. It sees the branch's evidence — the
 ``question`` and ``history``, the plans of questions answered before (a tuple of
 :class:`~dynbranch.predictors.plans.KnownPlan`, the workload's ``train`` split) — plus the
-plans of branches already resolved in this run (:meth:`SubtopicPredictor.observe`), never
-the branch it ranks.
+plans of branches already resolved (:meth:`SubtopicPredictor.observe`; a question the
+history already holds, as when a run first replays the train split's branches, is not
+counted twice), never the branch it ranks.
 
 **Candidates** (:func:`subtopic_features`):
 
@@ -131,6 +132,7 @@ class SubtopicPredictor(Predictor):
         self.weights = weights or SubtopicWeights()
         self._history: Sequence[KnownPlan] | None = None
         self._observed: list[KnownPlan] = []
+        self._known: set[str] = set()
         self._memory = PlanMemory()
 
     def memory(self, evidence: Mapping[str, Any]) -> PlanMemory:
@@ -139,6 +141,8 @@ class SubtopicPredictor(Predictor):
         if history is not None and history is not self._history:
             # NOTE: built once per history object; the history itself is never mutated.
             self._history = history
+            self._known = {plan.question for plan in history}
+            self._observed = [p for p in self._observed if p.question not in self._known]
             self._memory = PlanMemory([*history, *self._observed])
         return self._memory
 
@@ -147,7 +151,10 @@ class SubtopicPredictor(Predictor):
 
     def observe(self, ctx: BranchContext, chosen: tuple[str, ...]) -> None:
         memory = self.memory(ctx.evidence)
-        plan = observed_plan(str(ctx.evidence.get("question", "")), chosen, memory)
+        question = str(ctx.evidence.get("question", ""))
+        if question in self._known:
+            return  # NOTE: the history already holds this plan, with its answers
+        plan = observed_plan(question, chosen, memory)
         if plan.steps:
             self._observed.append(plan)
             memory.add(plan)
