@@ -217,3 +217,25 @@ def fit_hop_weights(
 
 def _rounded(weights: Mapping[str, float]) -> dict[str, float]:
     return {f: round(w, 2) + 0.0 for f, w in weights.items()}
+
+
+def main() -> None:
+    """Print the accuracy tables: as proposed and as ranked, each observation mode."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--split", default="test", choices=("train", "test"))
+    args = ap.parse_args()
+    branches = entity_branches(None, args.split, finishes=True)
+    ranking = RankerWeights(finish_above=1.0, min_probability=0.0)
+    for name, weights in (("proposed", None), ("ranking", ranking)):
+        for mode in OBSERVATIONS:
+            row = entity_accuracy(
+                split=args.split, observation=mode, weights=weights, branches=branches
+            )
+            print(json.dumps({"weights": name, **row}))
+
+
+if __name__ == "__main__":
+    main()

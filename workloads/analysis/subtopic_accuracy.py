@@ -148,3 +148,25 @@ def fit_weights(
         fitted = listwise_fit(groups, FEATURES, l2, iterations, rate)
         weights = SubtopicWeights(features={f: round(w, 2) + 0.0 for f, w in fitted.items()})
     return weights
+
+
+def main() -> None:
+    """Print the accuracy rows for a replay's stream (``--requests``) or the whole split."""
+    import argparse
+    import json
+
+    from dynbranch.predictors import make_predictor
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--predictor", default="subtopic")
+    args = ap.parse_args()
+    row = subtopic_accuracy(
+        n=args.requests, seed=args.seed, predictor=make_predictor(args.predictor)
+    )
+    print(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()
