@@ -13,7 +13,10 @@ branch's evidence — ``question``, ``searched`` (the entities searched so far),
   the page titles its phrases name (:class:`~dynbranch.predictors.titles.TitleIndex`:
   ``"Miracle on 34th street"`` → ``"Miracle on 34th Street"``, ``"A Dog's Purpose"`` →
   ``"A Dog's Purpose (film)"``) and the titles of the passages a search of the question
-  itself finds (``search_depth`` of them);
+  itself finds (``search_depth`` of them). NOTE: that search runs on the workload's
+  local BM25 index (well under a millisecond of CPU), which the run's clock does not charge;
+  against a hosted search API it would add a call (~0.4 s) to the branch's setup. Hop 0
+  without it: see ``search_depth=0`` in :mod:`workloads.analysis.entity_accuracy`;
 * *after a hop*: the name spans of the observation and its answer clause (the words after
   its last ``is``/``was``/``?``/``:``), and the passages' name spans ranked by
   :func:`passage_ranking` (position, frequency, the searched entity's own page, sentences
