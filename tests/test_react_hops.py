@@ -58,7 +58,8 @@ def test_branch_evidence_is_the_previous_hop_and_the_question_at_hop_0():
     for hop, (point, _) in enumerate(trace.branches):
         assert point.candidates == () and not point.multi_valued
         evidence = point.evidence
-        assert set(evidence) == {"question", "passages", "searched", "observation"}
+        assert set(evidence) == {"question", "passages", "searched", "observation", "index"}
+        assert evidence["index"] is request.tool("retrieve").index
         assert evidence["searched"] == list(request.record.chain[:hop])
         if hop == 0:
             # nothing retrieved yet: the question is the one text read, so its names rank

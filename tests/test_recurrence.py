@@ -14,9 +14,7 @@ import pytest
 
 from dynbranch.datasets import DATASETS, resolve_data_dir
 from dynbranch.errors import DataMissingError, MalformedRecordError
-from dynbranch.predictors import BranchContext, Predictor
-from dynbranch.predictors.entity import EntityRanker, RankerWeights, name_spans, rank_entities
-from dynbranch.workflow import BranchCoordinate
+from dynbranch.predictors.entity import RankerWeights
 from workloads.analysis.recurrence import (
     Recurrence,
     entity_ranker_top3,
@@ -82,14 +80,17 @@ def test_subtopic_mention_curve_on_the_fixture():
 
 
 def test_entity_ranker_coverage_on_the_fixture():
-    row = entity_ranker_top3(FIXTURE, split="all")
-    assert (row["branches"], row["covered"], row["coverage"]) == (7, 7, 1.0)
-    assert row["top1"] == pytest.approx(6 / 7) and row["by_hop"][2] == {
-        "branches": 1,
-        "coverage": 1.0,
-    }
-    narrow = entity_ranker_top3(FIXTURE, split="all", k=1)
-    assert narrow["coverage"] == pytest.approx(6 / 7)
+    ranking = RankerWeights(finish_above=1.0, min_probability=0.0)  # the ranking alone
+    row = entity_ranker_top3(FIXTURE, split="all", weights=ranking)
+    assert (row["branches"], row["covered"], row["coverage"], row["top1"]) == (7, 7, 1.0, 1.0)
+    assert row["by_hop"][2] == {"branches": 1, "coverage": 1.0} and row["candidates"] == 1.0
+    # hop 0 too: the question's names and the titles they name; one of 6 is missed
+    every = entity_ranker_top3(FIXTURE, split="all", k=1, from_hop=0, weights=ranking)
+    assert (every["branches"], every["covered"]) == (13, 12)
+    assert every["by_hop"][0] == {"branches": 6, "coverage": pytest.approx(5 / 6)}
+    # as shipped, the hop-count model takes the one 3-hop question's last search for a finish
+    shipped = entity_ranker_top3(FIXTURE, split="all")
+    assert (shipped["covered"], shipped["by_hop"][2]) == (6, {"branches": 1, "coverage": 0.0})
 
 
 def _swe_dir(tmp_path: Path, commands: list[dict], demos: dict[str, dict]) -> Path:
@@ -159,71 +160,6 @@ def test_swe_command_recurrence_rejects_bad_input(tmp_path):
         swe_command_recurrence(tmp_path / "nowhere")
 
 
-# -- the entity ranker ------------------------------------------------------------------------
-
-EVIDENCE = {
-    "question": "Who is the spouse of the performer of Lantern Song?",
-    "searched": ["Lantern Song"],
-    "passages": [
-        {
-            "title": "Lantern Song",
-            "text": "Lantern Song is the second studio album by the folk "
-            "singer Mira Calloway, released in 1998 on Quillfeather Records.",
-        },
-        {"title": "Lantern", "text": "A lantern is a portable source of lighting."},
-    ],
-}
-
-
-def test_name_spans():
-    spans = name_spans(
-        "In 1921 the poet Ansel Dunmore of Port Verity founded St. Louis Press; "
-        "The Band played in Finland's north."
-    )
-    maximal = [s for s, _, whole in spans if whole]
-    assert maximal == ["Ansel Dunmore of Port Verity", "St. Louis Press", "Band", "Finland"]
-    parts = {s for s, _, whole in spans if not whole}
-    assert {"Ansel Dunmore", "Port Verity", "St. Louis"} <= parts
-    assert ("Ansel Dunmore of Port Verity", 17, True) in spans
-    assert name_spans("The Glenn L. Martin Company built it.")[0][0] == "Glenn L. Martin Company"
-    assert name_spans("It was Natalie Wood and Edmund Gwenn.")[0][0] == "Natalie Wood"
-
-
-def test_rank_entities_prefers_the_bridge_and_skips_searched():
-    ranked = rank_entities(EVIDENCE, 3)
-    assert ranked == ["Mira Calloway", "Quillfeather Records", "Mira"]
-    assert "Lantern Song" not in rank_entities(EVIDENCE, 50)
-    assert rank_entities(EVIDENCE, 0) == [] and rank_entities({}, 3) == []
-    after = {**EVIDENCE, "searched": ["Lantern Song", "Mira Calloway"]}
-    assert rank_entities(after, 1) == ["Quillfeather Records"]
-
-
-def test_entity_ranker_is_a_predictor_over_evidence_only():
-    ranker = EntityRanker()
-    assert isinstance(ranker, Predictor) and ranker.name == "entity"
-    coordinate = BranchCoordinate("react", "think", 1)
-    a = ranker.rank(BranchContext("r1", coordinate, (), EVIDENCE), 3)
-    b = ranker.rank(BranchContext("r2", BranchCoordinate("react", "think", 3), (), EVIDENCE), 3)
-    assert a == b == rank_entities(EVIDENCE, 3)
-    ranker.observe(BranchContext("r1", coordinate, (), EVIDENCE), ("Mira Calloway",))
-    assert ranker.rank(BranchContext("r1", coordinate, (), EVIDENCE), 3) == a
-
-
-def test_ranker_weights_are_validated():
-    for bad in (
-        {"w_rank": 0.0},
-        {"char_scale": 0.0},
-        {"part_factor": 1.5},
-        {"title_bonus": -1.0},
-        {"page_bonus": 0.0},
-    ):
-        with pytest.raises(ValueError):
-            RankerWeights(**bad)
-    lamp = {**EVIDENCE, "passages": [*EVIDENCE["passages"], {"title": "Oil lamp", "text": "-"}]}
-    titled = rank_entities(lamp, 50, RankerWeights(title_bonus=10.0))
-    assert "Oil lamp" in titled and "Oil lamp" not in rank_entities(lamp, 50)  # titles count
-
-
 # -- the real data ----------------------------------------------------------------------------
 
 
@@ -247,4 +183,5 @@ def test_real_recurrence_numbers(real_dir):
     cross = subagent_cross_run_recurrence(real_dir, n=200)
     assert 0.1 < cross["cross_run_share"] < 0.5
     ranker = entity_ranker_top3(real_dir)
-    assert ranker["branches"] == 308 and 0.25 < ranker["coverage"] <= ranker["in_passages"]
+    assert ranker["branches"] == 308 and ranker["covered"] == 262  # the observation is read
+    assert ranker["coverage"] <= ranker["candidates"] and ranker["in_passages"] < 0.75

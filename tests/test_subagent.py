@@ -131,7 +131,7 @@ def test_every_fixture_request_replays_to_the_gold_answer():
         ((point, chosen),) = trace.branches
         assert point.coordinate == PLAN_COORDINATE == BranchCoordinate("subagent", "plan", 0)
         assert point.multi_valued and point.candidates == ()
-        assert dict(point.evidence) == {"question": request.record.question}
+        assert dict(point.evidence) == {"question": request.record.question, "history": ()}
         assert chosen == tuple(outcome.subtopics)  # every result is kept
         assert [dict(r.fields)["query"] for r in trace.inputs("retrieve")] == [
             s.entity for s in steps

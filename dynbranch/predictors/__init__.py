@@ -6,10 +6,12 @@ workflow's :class:`~dynbranch.workflow.BranchPoint` and, after the branch resolv
 what was chosen so it can learn for later branches (never for this one).
 
 Built: ``frequency`` (next-stage frequency model over a coordinate's history; Routing, HCI),
-``entity`` (entities named in the previous hop's passage; ReAct) and ``recall`` (earlier
-outcomes of the same decision that the evidence mentions; Sub-Agent); ``drafter`` (a draft
-LM sampled N times, candidates ranked by vote; any workload, drafting on the run's
-``drafter`` engines when it has them).
+``entity`` (the entities the question, the previous hop's observation and passages name;
+ReAct), ``subtopic`` (sub-topics remembered, written from the question's names and
+relations, and chained through remembered answers; Sub-Agent) and ``recall`` (earlier
+outcomes of the same decision that the evidence mentions); ``drafter`` (a draft LM sampled
+N times, candidates ranked by vote; any workload, drafting on the run's ``drafter`` engines
+when it has them).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ PREDICTORS = {
     "entity": ("dynbranch.predictors.entity", "EntityRanker"),
     "recall": ("dynbranch.predictors.recall", "RecallPredictor"),
     "drafter": ("dynbranch.predictors.drafter", "DrafterPredictor"),
+    "subtopic": ("dynbranch.predictors.subtopic", "SubtopicPredictor"),
 }
 PLANNED: tuple[str, ...] = ()
 

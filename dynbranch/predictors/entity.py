@@ -1,82 +1,127 @@
-"""The entity ranker: ReAct's next ``search[entity]`` from the passages the last hop read.
+"""The entity ranker: ReAct's next ``search[entity]`` from what the branch has read.
 
 An open-vocabulary branch has no candidate list, so candidates come from context already
 read (the paper's §2 "Predictability determines coverage cost"). The ranker sees only the
-branch's evidence — ``passages`` (the previous hop's retrieved passages, best first),
-``question`` and ``searched`` (the entities searched so far) — never the trace's future.
+branch's evidence — ``question``, ``searched`` (the entities searched so far),
+``passages`` (the previous hop's, best first), ``observation`` (what the previous hop's
+``read`` wrote) and ``index`` (the passage index the workload's ``retrieve`` searches, a
+:class:`~dynbranch.predictors.titles.PassageIndex`) — never the trace's future.
 
-**Candidates.** Every *name span* in a passage's text: a maximal run of capitalised words
-(letters, digits, ``'’.&-`` inside; an initial's or a title's full stop allowed), joined by
-single lower-case name connectors (``of``, ``the``, ``de``, ``von``, …), without a leading
-sentence word (``The``, ``In``, ``He``…), plus its shorter sub-spans (``"Count of
-Barcelona"`` also yields ``"Barcelona"``); optionally the passages' titles. Spans already
-searched (or inside a searched entity) and spans of sentence words alone are skipped.
+**Candidates.**
 
-**Score** (higher is better), summed over a candidate's occurrences; an occurrence in
-passage ``r`` (0 = best) at character offset ``c`` adds
+* *from the question* (every hop): its name spans (:mod:`~dynbranch.predictors.spans`),
+  the page titles its phrases name (:class:`~dynbranch.predictors.titles.TitleIndex`:
+  ``"Miracle on 34th street"`` → ``"Miracle on 34th Street"``, ``"A Dog's Purpose"`` →
+  ``"A Dog's Purpose (film)"``) and the titles of the passages a search of the question
+  itself finds (``search_depth`` of them). NOTE: that search runs on the workload's
+  local BM25 index (well under a millisecond of CPU), which the run's clock does not charge;
+  against a hosted search API it would add a call (~0.4 s) to the branch's setup. Hop 0
+  without it: see ``search_depth=0`` in :mod:`workloads.analysis.entity_accuracy`;
+* *after a hop*: the name spans of the observation and its answer clause (the words after
+  its last ``is``/``was``/``?``/``:``), and the passages' name spans ranked by
+  :func:`passage_ranking` (position, frequency, the searched entity's own page, sentences
+  that speak of what the question asks).
 
-    ``w_rank ** r / (1 + c / char_scale) · part · page · (1 + question_context · o)``
+A candidate that is, or is inside, an entity already searched is never proposed; nor is one
+whose softmax probability is under ``min_probability`` (the best always is). After the
+searches a question's hop-count model (:mod:`~dynbranch.predictors.hops`) says are its
+last, with probability above ``finish_above``, nothing is proposed: a finish has nothing to
+fill.
 
-* ``w_rank ** r / (1 + c / char_scale)`` (**position**): the best passage, early, counts most;
-  repeated mentions add up (**frequency**);
-* ``part`` is 1 for a maximal span, ``part_factor`` for a sub-span;
-* ``page`` is ``page_bonus`` in the passage whose title is the entity just searched (that
-  entity's own page names the bridge), else 1;
-* ``o`` (**overlap with the question**) counts the question's content words, other than the
-  searched entities' and the span's own, in the same sentence: the passage sentence that
-  speaks of what the question asks is where the next entity is named.
-
-A passage title adds ``title_bonus · w_rank ** r`` (0 by default: on train the best title
-is almost always the entity just searched). A multi-word name is finally multiplied by
-``1 + multiword_bonus``.
-
-Ties break by first occurrence. The defaults were set on the ``train`` split of the ReAct
-questions only, by coordinate search (top-3 coverage 39 % there). On ``test``
-(:func:`workloads.analysis.recurrence.entity_ranker_top3`, 308 branches at 3 passages per
-search) the next hop's entity is in the top 3 for 40 % (top 1: 22 %, top 5: 49 %; the
-paper reports 61 %); it occurs in the passages at all for 72 %, the ceiling of any ranker
-over this evidence, because BM25 on the entity alone finds the hop's supporting paragraph
-in its top 3 for 71 % of searches.
+**Score.** A linear score over named features (:data:`QUESTION_FEATURES` at hop 0,
+:data:`FOLLOW_FEATURES` after), ties by first occurrence. At later hops the question's
+candidates enter through ``question``, their softmax probability under the hop-0 model.
+The weights were fitted on the ``train`` split only, by a listwise softmax with L2 0.1
+(:func:`workloads.analysis.entity_accuracy.fit_weights`); the top-k accuracy they give on
+``test`` is in that module's docstring.
 """
 
 from __future__ import annotations
 
-import re
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dynbranch.predictors.base import BranchContext, Predictor
-
-
-def _words(text: str) -> frozenset[str]:
-    return frozenset(text.split())
-
-
-# NOTE: only connectors that occur inside names; "and", "in", "on", "at" more often join two
-# names ("Natalie Wood and Edmund Gwenn", "Golestan Province in Iran") than form one.
-CONNECTORS = _words("""of the de du des la le von van der den di da del""")
-# Words that start sentences in capitals but do not start names on their own.
-STOP_STARTS = _words(
-    """a an the in on at of for from by to as it its he she his her they their this that
-    these those there after before during when while where which who whom whose what
-    with within however although though but and or if since until also both each many
-    most some such one two three four five six seven eight nine ten first second third
-    january february march april may june july august september october november
-    december i we you our is was are were be being been has have had not no yes"""
+from dynbranch.predictors.hops import FITTED_HOPS, HOP_FEATURES, finish_probability
+from dynbranch.predictors.spans import (
+    STOP_STARTS,
+    name_spans,
+    norm,
+    sentence_at,
+    sentences,
+    words,
 )
-ABBREVIATIONS = _words("""St Mt Dr Mr Mrs Ms Jr Sr Co Inc Ltd Gen Col Lt Sgt Capt Rev""")
-_WORD = re.compile(r"[\w'’.&\-]+", re.UNICODE)
-_SENTENCE_END = re.compile(r"[.!?]\s")
-# Question words that say nothing about what is asked.
-QUESTION_STOPWORDS = STOP_STARTS | _words(
-    """how many much did does do name named called known into are then will"""
-)
+from dynbranch.predictors.titles import PassageIndex, TitleIndex, titles_of
+
+QUESTION_FEATURES = ("span", "maximal", "verbatim", "title", "named", "search", "stop_start")
+"""Hop 0: a name span of the question, a maximal one, the candidate's exact text is in the
+question, it is a page title, a phrase of the question names it, Σ decay^rank over the
+question search's passages titled so, its first word is a sentence word (``The``)."""
+FOLLOW_FEATURES = ("observed", "answer", "late", "passage", "in_question", "question", "title")
+"""Later hops: a name span of the observation, its answer clause, where its last mention
+ends in the observation (0 start … 1 end), 1/(1+rank) in :func:`passage_ranking`, named in
+the question, the hop-0 model's probability, a page title."""
+
+# NOTE: fitted on train (fit_weights in workloads/analysis/entity_accuracy.py), rounded.
+FITTED_QUESTION = {
+    "span": 0.16,
+    "maximal": 0.97,
+    "verbatim": 0.94,
+    "title": 0.63,
+    "named": 1.14,
+    "search": 1.44,
+    "stop_start": 0.12,
+}
+FITTED_FOLLOW = {
+    "observed": 1.08,
+    "answer": 2.5,
+    "late": 1.14,
+    "passage": 0.3,
+    "in_question": 0.05,
+    "question": 0.02,
+    "title": 0.07,
+}
+__all__ = [
+    "FOLLOW_FEATURES",
+    "QUESTION_FEATURES",
+    "EntityRanker",
+    "PassageWeights",
+    "RankerWeights",
+    "answer_clause",
+    "follow_features",
+    "name_spans",
+    "passage_ranking",
+    "question_features",
+    "rank_entities",
+]
+MIN_PROBABILITY = 0.1
+"""A candidate below this softmax probability is not proposed (the best always is). NOTE:
+set by c2 replays of the train split (81 questions, 0.5 req/s, finish gate 0.7): mean
+latency 30.30 / 30.50 / 30.18 / 29.74 / 30.03 s at 0 / 0.02 / 0.05 / 0.1 / 0.2."""
+FINISH_ABOVE = 0.7
+"""A later hop proposes nothing when the chain is done with more than this probability.
+NOTE: set by c2 replays of the train split (81 questions, 0.5 req/s, no probability cut):
+mean latency 30.77 s with the gate off (1.0), 30.59 / 30.30 / 30.50 / 30.75 s at 0.8 / 0.7
+/ 0.6 / 0.5 (floor 38.65 s)."""
+_ANSWER_AFTER = (" is ", " was ", " are ", " were ", "? ", ": ")
+MAX_ANSWER_WORDS = 12
+PASSAGE_DEPTH = 20
+"""How far down :func:`passage_ranking` a passage candidate is still a candidate."""
 
 
 @dataclass(frozen=True)
-class RankerWeights:
-    """The scoring constants (see the module docstring); the defaults are tuned on train."""
+class PassageWeights:
+    """The constants of :func:`passage_ranking` (tuned on train by coordinate search).
+
+    An occurrence in passage ``r`` (0 = best) at character offset ``c`` adds
+    ``w_rank ** r / (1 + c / char_scale) · part · page · (1 + question_context · o)``:
+    ``part`` is 1 for a maximal span, ``part_factor`` for a sub-span; ``page`` is
+    ``page_bonus`` in the passage whose title is the entity just searched; ``o`` counts the
+    question's content words in the same sentence. A passage title adds ``title_bonus ·
+    w_rank ** r``; a multi-word name is multiplied by ``1 + multiword_bonus``.
+    """
 
     w_rank: float = 0.7
     char_scale: float = 200.0
@@ -98,95 +143,48 @@ class RankerWeights:
             raise ValueError(f"part_factor {self.part_factor} outside [0, 1]")
 
 
-def name_spans(text: str) -> list[tuple[str, int, bool]]:
-    """The name spans of ``text``: ``(span, offset, maximal)`` in order of occurrence.
+@dataclass(frozen=True)
+class RankerWeights:
+    """The entity ranker's weights: one per feature of each model, the passage scorer's
+    constants, the question search's depth and per-rank decay, and the hop-count model with
+    the finish probability above which a later hop proposes nothing (1: always propose)."""
 
-    Each maximal span comes first, then its shorter sub-spans (``maximal`` false) that start
-    and end on a capitalised word: ``"Count of Barcelona"`` also yields ``"Barcelona"``.
-    """
-    spans: list[tuple[str, int, bool]] = []
-    for words in _runs(text):
-        n = len(words)
-        for length in range(n, 0, -1):
-            for i in range(n - length + 1):
-                part = words[i : i + length]
-                if not (_capitalised(part[0][0]) and _capitalised(part[-1][0])):
-                    continue
-                if length > 1 and part[0][0].lower() in STOP_STARTS:
-                    continue
-                if all(w.lower() in STOP_STARTS for w, _, _ in part):
-                    continue
-                spans.append((text[part[0][1] : part[-1][2]], part[0][1], length == n))
-    return spans
+    question: Mapping[str, float] = field(default_factory=lambda: dict(FITTED_QUESTION))
+    follow: Mapping[str, float] = field(default_factory=lambda: dict(FITTED_FOLLOW))
+    passages: PassageWeights = field(default_factory=PassageWeights)
+    search_depth: int = 10
+    search_decay: float = 0.7
+    hops: Mapping[int, Mapping[str, float]] = field(default_factory=lambda: FITTED_HOPS)
+    finish_above: float = FINISH_ABOVE
+    min_probability: float = MIN_PROBABILITY
 
-
-def _runs(text: str) -> list[list[tuple[str, int, int]]]:
-    """Maximal runs of capitalised words joined by spaces and single connectors."""
-    words = [_strip(m) for m in _WORD.finditer(text)]
-    runs, i = [], 0
-    while i < len(words):
-        if not _capitalised(words[i][0]):
-            i += 1
-            continue
-        j = i + 1
-        while j < len(words) and not _closes(text, words[j - 1]):
-            if _capitalised(words[j][0]) and _adjacent(text, words[j - 1], words[j]):
-                j += 1
-            elif (
-                words[j][0] in CONNECTORS
-                and j + 1 < len(words)
-                and _capitalised(words[j + 1][0])
-                and _adjacent(text, words[j - 1], words[j])
-                and _adjacent(text, words[j], words[j + 1])
-                and not _closes(text, words[j])
-            ):
-                j += 2
-            else:
-                break
-        start = i + 1 if words[i][0].lower() in STOP_STARTS and j - i > 1 else i
-        if start < j:
-            runs.append(words[start:j])
-        i = j
-    return runs
+    def __post_init__(self) -> None:
+        for name, names in (("question", QUESTION_FEATURES), ("follow", FOLLOW_FEATURES)):
+            weights = getattr(self, name)
+            if set(weights) != set(names):
+                raise ValueError(f"{name} weights {sorted(weights)} != features {sorted(names)}")
+            bad = [f for f, w in weights.items() if not math.isfinite(w)]
+            if bad:
+                raise ValueError(f"{name} weights of {bad} are not finite")
+        if self.search_depth < 0:
+            raise ValueError(f"search_depth {self.search_depth} must be >= 0")
+        if not 0.0 < self.search_decay <= 1.0:
+            raise ValueError(f"search_decay {self.search_decay} outside (0, 1]")
+        if not 0.0 <= self.min_probability <= 1.0:
+            raise ValueError(f"min_probability {self.min_probability} outside [0, 1]")
+        if not 0.0 <= self.finish_above <= 1.0:
+            raise ValueError(f"finish_above {self.finish_above} outside [0, 1]")
+        for n, weights in self.hops.items():
+            if set(weights) != set(HOP_FEATURES):
+                raise ValueError(f"hop {n} weights {sorted(weights)} != {sorted(HOP_FEATURES)}")
 
 
-def _strip(match: re.Match[str]) -> tuple[str, int, int]:
-    """A word without trailing punctuation or a possessive ``'s``."""
-    word, start = match.group(0), match.start()
-    for suffix in ("'s", "’s"):
-        if word.endswith(suffix) and len(word) > 2:
-            word = word[: -len(suffix)]
-            break
-    word = word.rstrip(".'’-&")
-    return word, start, start + len(word)
-
-
-def _closes(text: str, word: tuple[str, int, int]) -> bool:
-    """Whether the span must end after ``word`` (a possessive or a sentence end follows)."""
-    after = text[word[2] : word[2] + 2]
-    if after[:1] in ("'", "’"):
-        return True
-    initial = len(word[0]) == 1 or word[0] in ABBREVIATIONS
-    return after[:1] == "." and not initial
-
-
-def _capitalised(word: str) -> bool:
-    return word[:1].isupper() or (word[:1].isdigit() and any(c.isalpha() for c in word))
-
-
-def _adjacent(text: str, a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
-    """Two words separated by spaces only, or by the full stop of an initial or a title
-    (``Glenn L. Martin``, ``St. Louis``); a comma, bracket or sentence end separates."""
-    gap = text[a[2] : b[1]].strip()
-    return gap == "" or (gap == "." and (len(a[0]) == 1 or a[0] in ABBREVIATIONS))
-
-
-def _norm(text: str) -> str:
-    return " ".join(re.findall(r"\w+", text.lower()))
+Features = dict[str, dict[str, float]]
+"""Candidate → feature → value, in order of first occurrence."""
 
 
 class EntityRanker(Predictor):
-    """Ranks entities named in the previous hop's passages (see the module docstring)."""
+    """Ranks the entities the question and the last hop name (see the module docstring)."""
 
     name = "entity"
 
@@ -200,65 +198,161 @@ class EntityRanker(Predictor):
 def rank_entities(
     evidence: Mapping[str, Any], k: int, weights: RankerWeights | None = None
 ) -> list[str]:
-    """Up to ``k`` entities from ``evidence`` (``passages``, ``question``, ``searched``)."""
+    """Up to ``k`` entities from ``evidence``, best first (see the module docstring)."""
     w = weights or RankerWeights()
+    searched = evidence.get("searched") or ()
+    hop0 = not searched
+    question = str(evidence.get("question", ""))
+    if not hop0 and finish_probability(question, len(searched), w.hops) > w.finish_above:
+        return []  # NOTE: the chain is likely done: a finish has nothing to fill
+    features = question_features(evidence, w) if hop0 else follow_features(evidence, w)
+    scores = score(features, w.question if hop0 else w.follow)
+    order = sorted(range(len(scores)), key=lambda i: -scores[i][1])
+    ranked = [scores[i][0] for i in order[: max(k, 0)]]
+    if not ranked or w.min_probability <= 0.0:
+        return ranked
+    p = _softmax(scores)
+    # NOTE: a candidate far less likely than the best only costs a fill that loses.
+    return [c for i, c in enumerate(ranked) if i == 0 or p[c] >= w.min_probability]
+
+
+def score(features: Features, weights: Mapping[str, float]) -> list[tuple[str, float]]:
+    """``(candidate, Σ weight · value)`` in the order of ``features``."""
+    return [(c, sum(weights[f] * v for f, v in values.items())) for c, values in features.items()]
+
+
+def question_features(evidence: Mapping[str, Any], weights: RankerWeights) -> Features:
+    """The question's candidates and their :data:`QUESTION_FEATURES`."""
+    question = str(evidence.get("question", ""))
+    index: PassageIndex | None = evidence.get("index")
+    titles = titles_of(index) if index is not None else TitleIndex(())
+    found: Features = {}
+
+    def at(candidate: str) -> dict[str, float]:
+        return found.setdefault(candidate, dict.fromkeys(QUESTION_FEATURES, 0.0))
+
+    for span, _, maximal in name_spans(question):
+        f = at(span)
+        f["span"], f["maximal"] = 1.0, max(f["maximal"], float(maximal))
+    for title, phrase, _ in titles.mentioned(question):
+        # NOTE: the phrase itself too: a knowledge-base step names its entity in the
+        # question's own words ("Pacem in Terris"), where the page is "Pacem in terris".
+        at(title)["named"] = at(phrase)["named"] = 1.0
+    if index is not None and weights.search_depth:
+        for r, passage in enumerate(index.search(question, weights.search_depth)):
+            if passage.title.strip():
+                at(passage.title)["search"] += weights.search_decay**r
+    for candidate, f in found.items():
+        f["verbatim"] = float(candidate in question)
+        f["title"] = float(candidate in titles)
+        f["stop_start"] = float(candidate.split()[0].lower() in STOP_STARTS)
+    return _unsearched(found, evidence)
+
+
+def follow_features(evidence: Mapping[str, Any], weights: RankerWeights) -> Features:
+    """A later hop's candidates and their :data:`FOLLOW_FEATURES`."""
+    question = str(evidence.get("question", ""))
+    index: PassageIndex | None = evidence.get("index")
+    titles = titles_of(index) if index is not None else TitleIndex(())
+    found: Features = {}
+
+    def at(candidate: str) -> dict[str, float]:
+        return found.setdefault(candidate, dict.fromkeys(FOLLOW_FEATURES, 0.0))
+
+    observation = str(evidence.get("observation") or "")
+    answer = answer_clause(observation)
+    if answer:
+        at(answer)["answer"] = 1.0
+    for span, offset, _ in name_spans(observation):
+        f = at(span)
+        f["observed"], f["late"] = 1.0, (offset + len(span)) / len(observation)
+    for r, name in enumerate(passage_ranking(evidence, PASSAGE_DEPTH, weights.passages)):
+        at(name)["passage"] = 1.0 / (1.0 + r)
+    asked = question_features(evidence, weights)
+    for candidate, p in _softmax(score(asked, weights.question)).items():
+        at(candidate)["question"] = p
+    lowered = question.lower()
+    for candidate, f in found.items():
+        f["in_question"] = float(candidate.lower() in lowered)
+        f["title"] = float(candidate in titles)
+    return _unsearched(found, evidence)
+
+
+def answer_clause(observation: str) -> str:
+    """The words after the observation's last ``is``/``was``/``are``/``were``/``?``/``:``
+    (all of it without one), when they are a short phrase; else ``""``."""
+    text = observation.strip().rstrip(".").strip()
+    cut = max((text.rfind(s) + len(s) for s in _ANSWER_AFTER if s in text), default=0)
+    answer = text[cut:].strip()
+    return answer if 0 < len(answer.split()) <= MAX_ANSWER_WORDS else ""
+
+
+def _softmax(scored: Sequence[tuple[str, float]]) -> dict[str, float]:
+    if not scored:
+        return {}
+    top = max(s for _, s in scored)
+    exp = [(c, math.exp(s - top)) for c, s in scored]
+    total = sum(e for _, e in exp)
+    return {c: e / total for c, e in exp}
+
+
+def _unsearched(found: Features, evidence: Mapping[str, Any]) -> Features:
+    """``found`` without candidates that are, or are inside, an entity already searched."""
+    searched = [norm(str(s)) for s in evidence.get("searched") or ()]
+    return {
+        c: f
+        for c, f in found.items()
+        if (key := norm(c)) and not any(f" {key} " in f" {s} " for s in searched)
+    }
+
+
+# -- the passage scorer -----------------------------------------------------------------------
+
+# Question words that say nothing about what is asked.
+QUESTION_STOPWORDS = STOP_STARTS | words(
+    """how many much did does do name named called known into are then will"""
+)
+
+
+def passage_ranking(
+    evidence: Mapping[str, Any], k: int, weights: PassageWeights | None = None
+) -> list[str]:
+    """Up to ``k`` name spans of ``evidence["passages"]``, best first (the scoring of
+    :class:`PassageWeights`), skipping spans inside an entity already searched."""
+    w = weights or PassageWeights()
     passages: Sequence[Mapping[str, Any]] = evidence.get("passages") or ()
-    searched = [_norm(s) for s in evidence.get("searched") or ()]
-    question = set(_norm(str(evidence.get("question", ""))).split())
+    searched = [norm(s) for s in evidence.get("searched") or ()]
+    question = set(norm(str(evidence.get("question", ""))).split())
     searched_words = {x for s in searched for x in s.split()}
     asked = question - QUESTION_STOPWORDS - searched_words
     scores: dict[str, float] = {}
-    first: dict[str, tuple[int, int]] = {}
 
-    def add(name: str, value: float, where: tuple[int, int]) -> None:
-        key = _norm(name)
-        if not key or any(f" {key} " in f" {s} " for s in searched):
-            return
-        scores[name] = scores.get(name, 0.0) + value
-        first.setdefault(name, where)
+    def add(name: str, value: float) -> None:
+        key = norm(name)
+        if key and not any(f" {key} " in f" {s} " for s in searched):
+            scores[name] = scores.get(name, 0.0) + value
 
     for r, passage in enumerate(passages):
         decay = w.w_rank**r
         title, text = str(passage.get("title", "")).strip(), str(passage.get("text", ""))
         if title and w.title_bonus:
-            add(title, w.title_bonus * decay, (r, -1))
-        page = w.page_bonus if searched and _same_page(_norm(title), searched[-1]) else 1.0
-        sentences = _sentences(text)
+            add(title, w.title_bonus * decay)
+        page = w.page_bonus if searched and _same_page(norm(title), searched[-1]) else 1.0
+        found = sentences(text)
         for span, offset, maximal in name_spans(text):
-            context = set(_norm(_sentence_at(sentences, offset)).split())
-            overlap = len((asked - set(_norm(span).split())) & context)
+            context = set(norm(sentence_at(found, offset)).split())
+            overlap = len((asked - set(norm(span).split())) & context)
             part = 1.0 if maximal else w.part_factor
             value = decay / (1.0 + offset / w.char_scale) * part * page
-            add(span, value * (1.0 + w.question_context * overlap), (r, offset))
-    ranked = []
-    for name, score in scores.items():
-        if len(_norm(name).split()) > 1:
-            score *= 1.0 + w.multiword_bonus
-        ranked.append((-score, first[name], name))
-    ranked.sort()
-    return [name for _, _, name in ranked[: max(k, 0)]]
+            add(span, value * (1.0 + w.question_context * overlap))
+    for name in scores:
+        if len(norm(name).split()) > 1:
+            scores[name] *= 1.0 + w.multiword_bonus
+    # NOTE: sorted is stable and the dict keeps first occurrence: ties break by it.
+    return sorted(scores, key=lambda n: -scores[n])[: max(k, 0)]
 
 
 def _same_page(title: str, entity: str) -> bool:
     return bool(title and entity) and (
         title == entity or f" {entity} " in f" {title} " or f" {title} " in f" {entity} "
     )
-
-
-def _sentences(text: str) -> list[tuple[int, str]]:
-    """``(start offset, sentence)`` pairs, split after ``.``, ``!`` or ``?`` and a space."""
-    out, start = [], 0
-    for m in _SENTENCE_END.finditer(text):
-        out.append((start, text[start : m.end()]))
-        start = m.end()
-    out.append((start, text[start:]))
-    return out
-
-
-def _sentence_at(sentences: list[tuple[int, str]], offset: int) -> str:
-    found = sentences[0][1]
-    for start, sentence in sentences:
-        if start > offset:
-            break
-        found = sentence
-    return found

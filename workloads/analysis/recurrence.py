@@ -27,9 +27,9 @@ from dynbranch.datasets import read_jsonl, require_dataset, resolve_data_dir
 from dynbranch.errors import MalformedRecordError
 from dynbranch.predictors.entity import RankerWeights, rank_entities
 from dynbranch.workload import DataConfig
+from workloads.analysis.entity_accuracy import entity_branches
 from workloads.analysis.trace import trace_all
 from workloads.musique import draw, in_split
-from workloads.react.template import FINISH, INVALID
 from workloads.react.workload import ReActWorkload
 from workloads.subagent.workload import SubAgentWorkload
 
@@ -118,43 +118,40 @@ def entity_ranker_top3(
     """Coverage of the entity ranker: how often ReAct's next search is in its top ``k``.
 
     Over every ``think`` branch of the split's replayed requests from hop ``from_hop`` on
-    (by default hop ≥ 1, where the evidence is a previous hop's passages; ``from_hop=0`` adds
-    hop 0, whose evidence is the question) that resolves to a search, the ranker ranks from
-    the branch's evidence alone;
-    ``covered`` counts exact matches of the searched entity (what a fill must render to be
-    promoted). ``in_passages`` is the ceiling: the entity occurs in the passages at all.
+    (by default hop ≥ 1, where the evidence is a previous hop's passages and observation;
+    ``from_hop=0`` adds hop 0, whose evidence is the question) that resolves to a search,
+    the ranker ranks from the branch's evidence alone; ``covered`` counts exact matches of
+    the searched entity (what a fill must render to be promoted). ``candidates`` is the
+    ceiling of any ordering: the entity is among everything the ranker proposes.
+    ``in_passages``: the entity occurs in the passages read (NOTE: no ceiling for a ranker
+    that also reads the observation, which states the replayed answer; see
+    :mod:`workloads.analysis.entity_accuracy` for the accuracy without it).
     """
-    data = _data(data_dir)
-    workload = ReActWorkload(tool_time="modelled", top_k=top_k)
-    pool = workload.records(data, split)
-    traces = trace_all(workload.requests(data, len(pool), 0, split))
-    branches = covered = top1 = in_passages = 0
+    branches = [b for b in entity_branches(data_dir, split, top_k) if b.hop >= from_hop]
+    covered = top1 = in_passages = candidates = 0
     by_hop: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for trace in traces:
-        for point, chosen in trace.branches:
-            entity = chosen[0]
-            passages = point.evidence.get("passages") or []
-            if point.coordinate.step < from_hop or not passages or entity in (FINISH, INVALID):
-                continue
-            ranked = rank_entities(point.evidence, k, weights)
-            branches += 1
-            hit = entity in ranked
-            covered += hit
-            top1 += bool(ranked) and ranked[0] == entity
-            in_passages += any(entity in p["text"] or entity == p["title"] for p in passages)
-            by_hop[point.coordinate.step][0] += 1
-            by_hop[point.coordinate.step][1] += hit
-    share = covered / branches if branches else 0.0
+    for b in branches:
+        ranked = rank_entities(b.evidence, 1_000, weights)
+        hit = b.entity in ranked[:k]
+        covered += hit
+        top1 += bool(ranked) and ranked[0] == b.entity
+        candidates += b.entity in ranked
+        passages = b.evidence.get("passages") or []
+        in_passages += any(b.entity in p["text"] or b.entity == p["title"] for p in passages)
+        by_hop[b.hop][0] += 1
+        by_hop[b.hop][1] += hit
+    n = len(branches)
     return {
         "workload": "react",
         "split": split,
         "k": k,
         "top_k_passages": top_k,
-        "branches": branches,
+        "branches": n,
         "covered": covered,
-        "coverage": share,
-        "top1": top1 / branches if branches else 0.0,
-        "in_passages": in_passages / branches if branches else 0.0,
+        "coverage": covered / n if n else 0.0,
+        "top1": top1 / n if n else 0.0,
+        "candidates": candidates / n if n else 0.0,
+        "in_passages": in_passages / n if n else 0.0,
         "by_hop": {h: {"branches": b, "coverage": c / b} for h, (b, c) in sorted(by_hop.items())},
         "paper": PAPER["entity_ranker_top3"],
     }

@@ -168,12 +168,14 @@ class ReActRequest(RequestInstance):
         the previous hop returned, best first — at hop 0, where nothing was retrieved yet,
         the question itself as the one text read (``{"title": "", "text": question}``), so a
         ranker of names in passages can rank the entities the question names;
-        ``observation``: what the previous hop's ``read`` observed (``""`` at hop 0).
+        ``observation``: what the previous hop's ``read`` observed (``""`` at hop 0);
+        ``index``: the passage index the ``retrieve`` tool searches (its corpus and titles are
+        known before any request runs; a predictor may read or search it).
 
         NOTE: on replay the observation states the recorded step's answer, which is usually
         the next hop's entity (91 % of the test split's later hops), even where the passages
         do not contain it (28 % of them): a predictor that reads it is measured against a
-        reader that never misses. The shipped entity ranker reads ``passages`` only.
+        reader that never misses (the entity ranker's accuracy is reported both ways).
         """
         read = (
             [dict(p) for p in passages]
@@ -185,6 +187,7 @@ class ReActRequest(RequestInstance):
             "searched": [t["search"] for t in trajectory],
             "passages": read,
             "observation": trajectory[-1]["observation"] if trajectory else "",
+            "index": self._tool.index,
         }
 
     def think_values(self, trajectory: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

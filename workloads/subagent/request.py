@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynbranch.decode_lengths import RECORDED, DecodeModel, decision_of
+from dynbranch.predictors.plans import KnownPlan
 from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
 from dynbranch.workload import RequestInstance, StageContext, Tool
 from workloads.musique import SUBTOPIC_SEP, MusiqueRecord, exact_match, f1_score, subtopic_entity
@@ -89,9 +90,10 @@ class SubAgentRequest(RequestInstance):
         tool: RetrieveTool,
         top_k: int = 3,
         decode: DecodeModel = RECORDED,
+        history: tuple[KnownPlan, ...] = (),
     ) -> None:
         self.request_id, self.record, self._tool, self.top_k = request_id, record, tool, top_k
-        self.decode = decode
+        self.decode, self.history = decode, history
         self._answers: dict[str, str] = {}
         for step in record.steps:
             self._answers.setdefault(step.subtopic, step.answer)
@@ -101,9 +103,7 @@ class SubAgentRequest(RequestInstance):
 
     async def run(self, ctx: StageContext) -> SubAgentOutcome:
         outcome = SubAgentOutcome(self.record.id, self.record.kind)
-        point = BranchPoint(
-            PLAN_COORDINATE, (), multi_valued=True, evidence={"question": self.record.question}
-        )
+        point = BranchPoint(PLAN_COORDINATE, (), multi_valued=True, evidence=self.evidence())
         self._planning = True
         try:
             async with ctx.branch(point) as branch:
@@ -118,6 +118,12 @@ class SubAgentRequest(RequestInstance):
         values = self.synthesise_values(outcome.subtopics, outcome.findings)
         outcome.answer = decision_of(await ctx.llm("synthesise", values)).strip()
         return outcome
+
+    def evidence(self) -> dict[str, Any]:
+        """What a predictor may see at the plan branch: the ``question`` and ``history``,
+        the plans of questions answered before (the workload's ``train`` split; known
+        before any request runs)."""
+        return {"question": self.record.question, "history": self.history}
 
     async def subagent(self, ctx: StageContext, subtopic: str) -> str:
         """One sub-agent over ``subtopic``: think, search, read; returns its finding (a

@@ -25,11 +25,14 @@ from pathlib import Path
 from dynbranch.datasets import require_dataset
 from dynbranch.decode_lengths import choose
 from dynbranch.errors import ConfigError
+from dynbranch.predictors.plans import KnownPlan, KnownStep
 from dynbranch.workload import DataConfig
 from workloads.musique import (
     DEV_DECOMPOSITIONS,
+    SUBTOPIC_SEP,
     MusiqueRecord,
     draw,
+    in_split,
     load_decompositions,
 )
 from workloads.react.base import DEFAULT_TOP_K, MusiqueWorkload
@@ -47,10 +50,22 @@ from workloads.subagent.template import SUBAGENT_STAGES, TEMPLATE
 
 @dataclass(frozen=True)
 class SubAgentData:
-    """The validated decompositions of one data directory and the corpus index."""
+    """The validated decompositions of one data directory, the corpus index, and the
+    ``train`` split's plans (the history the plan predictor learns from)."""
 
     records: tuple[MusiqueRecord, ...]
     index: Bm25Index
+    history: tuple[KnownPlan, ...] = ()
+
+
+def known_plan(record: MusiqueRecord) -> KnownPlan:
+    """``record``'s decomposition as a plan a predictor may remember: each step's
+    sub-topic, entity, ask and answer."""
+    steps = tuple(
+        KnownStep(s.subtopic, s.entity, s.ask, s.answer, SUBTOPIC_SEP.strip() in s.question)
+        for s in record.steps
+    )
+    return KnownPlan(record.question, steps)
 
 
 def load_subagent_questions(data_dir: Path | None) -> tuple[MusiqueRecord, ...]:
@@ -65,7 +80,7 @@ class SubAgentWorkload(MusiqueWorkload):
 
     name = "subagent"
     template = TEMPLATE
-    predictor = "recall"
+    predictor = "subtopic"
     # NOTE: a fill is a whole sub-agent, so it may run all of its stages unless the run
     # says otherwise (--depth).
     fill_depth = len(SUBAGENT_STAGES)
@@ -86,8 +101,9 @@ class SubAgentWorkload(MusiqueWorkload):
         """Decompositions and index of ``data.data_dir`` (validated once, then kept)."""
         if data.data_dir not in self._loaded:
             records = load_subagent_questions(data.data_dir)
+            history = tuple(known_plan(r) for r in in_split(records, "train"))
             self._loaded[data.data_dir] = SubAgentData(
-                records, index_for(load_corpus(data.data_dir))
+                records, index_for(load_corpus(data.data_dir)), history
             )
         return self._loaded[data.data_dir]
 
@@ -108,6 +124,8 @@ class SubAgentWorkload(MusiqueWorkload):
                 RetrieveTool(loaded.index, self.tool_time),
                 self.top_k,
                 decode,
+                # NOTE: only a test run learns from train; a train run has no history.
+                loaded.history if split == "test" else (),
             )
             for i, (r, category) in enumerate(stream)
         ]
