@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from dynbranch.errors import DynBranchError
-from dynbranch.runtime.run import DEFAULT_DEPTH, DEFAULT_FANOUT
+from dynbranch.runtime.run import DEFAULT_DEPTH
 
 
 def _replay_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,8 +38,8 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=4, help="engines (one per GPU)")
-    p.add_argument("--fanout", type=int, default=DEFAULT_FANOUT,
-                   help="max fills per branch (C2 arms)")
+    p.add_argument("--fanout", type=int, default=None,
+                   help="max fills per branch (C2 arms; default: --workers - 1)")
     p.add_argument("--depth", type=int, default=None,
                    help=f"stages one fill may run (C2 arms; default: the workload's, else "
                         f"{DEFAULT_DEPTH})")

@@ -29,11 +29,11 @@ from dynbranch.errors import ConfigError, ModelNotFoundError, NotBuiltError, Unk
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.runtime.run import (
     DEFAULT_DEPTH,
-    DEFAULT_FANOUT,
     GATE_POLICIES,
     FillOptions,
     GateOptions,
     RunContext,
+    default_fanout,
 )
 from dynbranch.runtime.runlog import RequestRecord
 from dynbranch.workload import DataConfig, RequestInstance, Workload
@@ -55,7 +55,7 @@ class ReplayConfig:
     requests: int = 30
     seed: int = 0
     workers: int = 4
-    fanout: int = DEFAULT_FANOUT
+    fanout: int | None = None  # most fills per branch; None: workers - 1 (the paper's K = W - 1)
     arrival: str = "poisson"
     cv: float = 1.0
     split: str = "test"
@@ -140,6 +140,8 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     workload.check_data(data)
     if cfg.depth is None:
         cfg = dataclasses.replace(cfg, depth=workload.fill_depth or DEFAULT_DEPTH)
+    if cfg.fanout is None:
+        cfg = dataclasses.replace(cfg, fanout=default_fanout(cfg.workers))
     instances = workload.requests(data, cfg.requests, cfg.seed, cfg.split)
     arrivals = arrival_times(cfg.requests, cfg.rate, cfg.seed, cfg.arrival, cfg.cv)
     # NOTE: plain floats: numpy scalars would leak into the loop's clock and every timestamp.

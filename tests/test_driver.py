@@ -99,3 +99,13 @@ def test_cli_prints_one_line_and_exits_2_on_bad_input(capsys):
     assert err.startswith("dynbranch: error: unknown workload 'chess'") and err.count("\n") == 1
     assert main(["experiment", "fig99"]) == 2
     assert "unknown experiment 'fig99'" in capsys.readouterr().err
+
+
+def test_the_fanout_defaults_to_one_fill_per_other_engine(tmp_path):
+    from dynbranch.runtime.run import default_fanout
+
+    assert [default_fanout(w) for w in (1, 2, 4, 8)] == [1, 1, 3, 7]
+    prepared = prepare(_cfg(tmp_path, workers=4), progress=lambda _m: None)
+    assert prepared.config.fanout == 3
+    prepared = prepare(_cfg(tmp_path, workers=4, fanout=1), progress=lambda _m: None)
+    assert prepared.config.fanout == 1

@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 
 DEFAULT_FANOUT = 2
 """Most fills one branch entry may start (the CLI's ``--fanout``; C3's ``GateConfig``)."""
+
+
+def default_fanout(engines: int) -> int:
+    """A run's fanout when none is set: one fill per engine but the request's own
+    (``K = W - 1``, the paper's setting at ``W`` workers; at least 1)."""
+    return max(1, engines - 1)
+
+
 DEFAULT_DEPTH = 2
 """Stages one fill may run (e.g. handler + executor); deeper fills rarely finish in time."""
 GATE_POLICIES = ("priced", "topk", "fixed-threshold", "priced-a1-only", "priced-a0-fixed")
