@@ -145,3 +145,19 @@ def test_a_shadow_promoted_by_another_request_credits_its_fill():
     credited = [(f.request_id, c.request_id) for f in fills for c in f.consumptions
                 if c.served]
     assert any(owner != consumer for owner, consumer in credited), credited
+
+
+def test_a_stage_whose_fills_are_lookups_is_priced_as_no_engine_work():
+    from dynbranch.fill.model import Fill, FillStage
+    from dynbranch.gate.priced import PRIOR_SHAPE, PricedPolicy
+
+    run_ctx = RunContext(clock=VirtualClock(), arm="c2",
+                         gate=GateOptions(policy="priced", profile=PROFILE))
+    policy = PricedPolicy.for_run(run_ctx)
+    assert policy._shape("w/pick") == PRIOR_SHAPE  # nothing measured yet
+    lookup = Fill("f1", "r", "w/pick/0", "a", 0, 0.0, state="done", ended_at=0.03)
+    lookup.trace.append(FillStage("lookup", "tool", "db", claimed="n", duration_s=0.03,
+                                  done=True))
+    policy._learn_from("w/pick", lookup)
+    shape = policy._shape("w/pick")
+    assert (shape.prompt_tokens, shape.output_tokens) == (1, 1)

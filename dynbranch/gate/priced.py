@@ -216,10 +216,14 @@ class PricedPolicy(FillPolicy):
                                        fill_cost_ms=cost, wait_ms=waits))
 
     def _learn_from(self, stage_key: str, fill: Fill) -> None:
-        if fill.state == "done" and fill.ended_at is not None:
+        done = fill.state == "done" and fill.ended_at is not None
+        if done:
             self._exec.setdefault(stage_key, _Ewma()).add(fill.ended_at - fill.started_at)
         generated = [s for s in fill.trace if s.kind == "llm" and s.done]
-        if generated:
+        # NOTE: a fill that ran to its end on tools alone teaches a shape of no engine work
+        # (priced near zero), so a stage whose fills are lookups is not priced forever at
+        # the prior shape of an LLM call.
+        if generated or (done and not any(s.kind == "llm" for s in fill.trace)):
             prompt, output = self._tokens.setdefault(stage_key, (_Ewma(), _Ewma()))
             prompt.add(sum(s.prompt_tokens for s in generated))
             output.add(sum(s.output_tokens for s in generated))
