@@ -11,6 +11,7 @@ import hashlib
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from itertools import islice
 
 
 def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
@@ -48,19 +49,20 @@ class BlockPool:
         """Blocks whose KV can be found by hash (referenced or not)."""
         return len(self._cached)
 
-    def lookup(self, hashes: Sequence[bytes]) -> list[int]:
-        """The cached blocks of the longest prefix of ``hashes``."""
+    def lookup(self, hashes: Sequence[bytes], limit: int | None = None) -> list[int]:
+        """The cached blocks of the longest prefix of ``hashes`` (of its first ``limit``)."""
         hits: list[int] = []
-        for h in hashes if self.caching else ():
-            block = self._cached.get(h)
+        cached = self._cached
+        for h in islice(hashes, limit) if self.caching else ():
+            block = cached.get(h)
             if block is None:
                 break
             hits.append(block)
         return hits
 
-    def is_free(self, block: int) -> bool:
-        """Whether no request references ``block``."""
-        return self._refs[block] == 0
+    def key_of(self, block: int) -> bytes | None:
+        """The key of the full block whose KV ``block`` holds, if it is cached."""
+        return self._hash[block]
 
     def free_order(self) -> Iterator[int]:
         """Free blocks in the order :meth:`allocate` will hand them out (do not allocate

@@ -98,6 +98,7 @@ class Seq:
     waiter: Any = None
     streaming: bool = False
     sent: int = 0
+    _positions: dict[bytes, int] | None = field(default=None, repr=False)
 
     @property
     def priority(self) -> int:
@@ -121,10 +122,14 @@ class Seq:
             parent = hashes[-1] if hashes else root_hash(self.request.cache_salt)
             hashes.append(block_hash(parent, self.token_ids[start : start + block_size]))
 
-    def full_block_hashes(self, n: int, block_size: int) -> list[bytes]:
-        """Keys of this request's first ``n`` full blocks."""
-        self.ensure_hashes(n, block_size)
-        return self.hashes[:n]
+    def key_positions(self) -> dict[bytes, int]:
+        """Where each of its block keys computed so far sits in its chain (kept)."""
+        positions = self._positions
+        if positions is None:
+            positions = self._positions = {}
+        for i in range(len(positions), len(self.hashes)):
+            positions[self.hashes[i]] = i
+        return positions
 
 
 class StepPlan:
@@ -186,6 +191,9 @@ class Scheduler:
         self.spec_running = self.spec_waiting = 0
         self._front = 0  # queue keys below every arrival: the front of a priority class
         self._spec_refs: dict[int, int] = {}  # block -> references by running speculative work
+        self.schedules = 0  # steps scheduled so far
+        # The queue head that failed to fit, with its cached prefix, in step ``schedules``.
+        self.blocked: tuple[Seq, list[int], int] | None = None
 
     @property
     def spec_kv_blocks(self) -> int:
@@ -251,6 +259,7 @@ class Scheduler:
 
     def schedule(self, now: float) -> StepPlan:
         """The batch of the step that starts at ``now`` (KV blocks are taken for it)."""
+        self.schedules += 1
         plan = StepPlan(self.max_num_batched_tokens)
         preempted = self.preemptions
         self._schedule_running(plan)
@@ -315,11 +324,16 @@ class Scheduler:
 
     def head_hits(self, seq: Seq) -> list[int]:
         """The cached blocks of ``seq``'s prompt prefix (never its last token's block)."""
+        blocked = self.blocked
+        if blocked is not None and blocked[0] is seq and blocked[2] == self.schedules:
+            return blocked[1]  # looked up in this very step
         if not self.pool.caching:
             return []
         # NOTE: the last token is always computed: its logits give the next token.
         bs = self.block_size
-        return self.pool.lookup(seq.full_block_hashes((len(seq.token_ids) - 1) // bs, bs))
+        n = (len(seq.token_ids) - 1) // bs
+        seq.ensure_hashes(n, bs)
+        return self.pool.lookup(seq.hashes, n)
 
     def _admit(self, seq: Seq, plan: StepPlan) -> bool:
         """Move the queue head to running with its cached prefix and a first chunk."""
@@ -329,6 +343,7 @@ class Scheduler:
         n = min(len(seq.token_ids) - cached, plan.budget)
         need = kv_blocks_for(cached + n, bs) - len(hits)
         if need > self.pool.num_free - self.pool.free_among(hits):
+            self.blocked = (seq, hits, self.schedules)
             return False
         self.pool.touch(hits)
         seq.num_computed = cached

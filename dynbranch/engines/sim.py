@@ -68,6 +68,8 @@ class SimEngine(Engine):
     ``kv_blocks`` overrides the KV pool size the profile derives (tests use tiny pools);
     ``prefix_caching`` turns vLLM-style reuse of cached prompt blocks on or off;
     ``skip_ahead=False`` wakes at every step (the reference the skip-ahead path must match).
+    ``steps`` counts the steps applied and ``wakes`` the times the engine woke on its own
+    (benchmarks report them).
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class SimEngine(Engine):
         self._start_pending = False
         self._failure: BaseException | None = None
         self._closed = False
+        self.steps = self.wakes = 0
 
     # -- the protocol ---------------------------------------------------------------------
 
@@ -330,6 +333,7 @@ class SimEngine(Engine):
 
     def _boundary(self) -> None:
         """The step in flight has ended: apply it and schedule the next."""
+        self.steps += 1
         run = self._run
         if run is not None and not run.in_last_step():
             run.advance(self._busy)
@@ -374,6 +378,7 @@ class SimEngine(Engine):
             alarm.set(run.horizon())
 
     def _on_alarm(self) -> None:
+        self.wakes += 1
         try:
             self._catch_up()
             self._arm()

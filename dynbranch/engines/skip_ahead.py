@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Iterator
 from math import fsum, inf
 
 from dynbranch.engines.profile import Profile
@@ -87,9 +88,11 @@ class DecodeRun:
             self.alloc_at[-c % bs].append(i)
             self.fill_at[(-c - 1) % bs].append(i)
         self.free_left = self.pool.num_free
-        self.allocs = 0  # blocks the planned steps take
-        self.evict_at: float = inf  # index of the first planned allocation that would
-        self.unsafe_from: float = inf  # evict, and first step scheduled on changed hits
+        self.allocs = self.allocs_done = 0  # blocks the planned / applied steps take
+        self.unsafe_from: float = inf  # the first step that would be scheduled on new hits
+        # The waiting head's block keys and hit count, while its hits could be evicted.
+        self.head_keys: dict[bytes, int] | None = None
+        self.head_hits = 0
         self._watch_head()
 
     @classmethod
@@ -128,15 +131,10 @@ class DecodeRun:
         if len(sched.running) >= sched.max_num_seqs or sched.max_num_batched_tokens <= self.n:
             return  # nothing can be admitted while the batch stays as it is
         head = sched.waiting[0]
-        hits = sched.head_hits(head)
-        free_hits = {b for b in hits if pool.is_free(b)}
-        if free_hits:
-            most = min(pool.num_free, self.n * (self.min_left // bs + 2))
-            for pos, block in enumerate(itertools.islice(pool.free_order(), most)):
-                if block in free_hits:
-                    self.evict_at = pos
-                    break
+        hits = sched.head_hits(head)  # NOTE: the lookup of this step's failed admission
         h = len(hits)
+        if h:
+            self.head_keys, self.head_hits = head.key_positions(), h
         if h == (len(head.token_ids) - 1) // bs:
             return  # every full prompt block is a hit already
         for i, seq in enumerate(self.seqs):
@@ -163,11 +161,16 @@ class DecodeRun:
             self.total_ctx,
             self.profile.step_time,
         )
+        # The blocks the planned allocations will take, in order (nothing allocates while
+        # this iterates): the free list from where the planned ones end.
+        free = None
+        if self.head_keys is not None:
+            free = itertools.islice(self.pool.free_order(), self.allocs - self.allocs_done, None)
         t = self.ends[-1]
         for j in range(start, int(stop)):
             take = len(self.alloc_at[j % bs])
             if take:
-                if take > self.free_left or self.allocs + take > self.evict_at:
+                if take > self.free_left or (free is not None and self._evicts_head(free, take)):
                     self.limit = j
                     return
                 self.free_left -= take
@@ -179,6 +182,16 @@ class DecodeRun:
             self.costs.append(cost)
         if stop == self.min_left or stop == self.unsafe_from:
             self.limit = int(stop)
+
+    def _evicts_head(self, free: Iterator[int], take: int) -> bool:
+        """Whether the next ``take`` free blocks include one of the head's hits."""
+        keys, hits, key_of = self.head_keys, self.head_hits, self.pool.key_of
+        assert keys is not None
+        for block in itertools.islice(free, take):
+            key = key_of(block)
+            if key is not None and keys.get(key, hits) < hits:
+                return True
+        return False
 
     # -- stepping ---------------------------------------------------------------------------
 
@@ -222,8 +235,10 @@ class DecodeRun:
         if j == 0:
             for seq in self.first:
                 seq.first_token_at = self.ends[0]
-        for i in self.alloc_at[(j + 1) % bs]:
+        taking = self.alloc_at[(j + 1) % bs]
+        for i in taking:
             sched.hold(self.seqs[i], pool.allocate(1))
+        self.allocs_done += len(taking)
         self.done = j + 1
 
     def sampled(self, seq: Seq) -> int:

@@ -1,0 +1,187 @@
+"""How fast SimEngine simulates long decodes: skip-ahead on vs off, one engine and four.
+
+    python scripts/bench_sim_engine.py [--requests 300] [--rate 0.3] [--engines 1 4]
+
+An open-loop Poisson load per engine (``--rate`` calls per second each, calls placed round
+robin) of long agentic calls: prompts of 2k-30k tokens, most of them opening with one of
+eight shared system prefixes (so prefix caching has work), outputs of 300-2,000 tokens,
+one call in five speculative. A probe reads every engine's ``load()`` every 50 ms, as the
+C3 gate does. Each configuration runs in a fresh process, so its wall time and peak RSS
+are its own. Prints, per configuration: wall seconds, simulated seconds, simulated
+seconds per wall second, steps applied, engine wake-ups, peak RSS, and whether skip-ahead
+gave the same results as stepping (a digest of every result and every probe snapshot).
+
+Numbers go into notes, not tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from dynbranch.clock import VirtualClock  # noqa: E402
+from dynbranch.engines.profile import load_profile  # noqa: E402
+from dynbranch.engines.protocol import CANONICAL, SPECULATIVE, GenerateRequest  # noqa: E402
+from dynbranch.engines.sim import SimEngine  # noqa: E402
+
+PROMPT_TOKENS = (2_000, 30_000)
+OUTPUT_TOKENS = (300, 2_000)
+PREFIX_TOKENS = (2_000, 20_000)
+SHARED_PREFIXES = 8
+PROBE_S = 0.05
+
+
+class Corpus:
+    """Texts of an exact stand-in token count, cut from one pre-built list of words."""
+
+    def __init__(self, seed: int, size: int = 400_000) -> None:
+        rng = random.Random(seed)
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        self.words = [" " + "".join(rng.choices(letters, k=rng.randint(1, 6))) for _ in range(size)]
+
+    def text(self, tokens: int, rng: random.Random) -> str:
+        start = rng.randrange(len(self.words) - tokens)
+        return "".join(self.words[start : start + tokens])
+
+
+def requests(
+    n: int, engines: int, rate: float, seed: int
+) -> list[tuple[float, int, GenerateRequest]]:
+    """(arrival time, engine, request) for ``n`` calls at ``rate`` per engine per second."""
+    rng = random.Random(seed)
+    corpus = Corpus(seed)
+    sizes = [rng.randint(*PREFIX_TOKENS) for _ in range(SHARED_PREFIXES)]
+    prefixes = [(corpus.text(k, rng), k) for k in sizes]
+    out, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(rate * engines)
+        tokens = rng.randint(*PROMPT_TOKENS)
+        prefix, k = rng.choice(prefixes) if rng.random() < 0.8 else ("", 0)
+        if k >= tokens:
+            prefix, k = "", 0
+        prompt = prefix + corpus.text(tokens - k, rng)
+        output = corpus.text(rng.randint(*OUTPUT_TOKENS), rng)
+        priority = SPECULATIVE if rng.random() < 0.2 else CANONICAL
+        req = GenerateRequest(f"r{i}", prompt, 4096, replay_text=output, priority=priority)
+        out.append((t, i % engines, req))
+    return out
+
+
+def run_one(n: int, engines: int, rate: float, seed: int, skip_ahead: bool) -> dict:
+    """Simulate one configuration in this process; returns its measurements."""
+    profile = load_profile("qwen3-32b@h200")
+    load = requests(n, engines, rate, seed)
+    clock = VirtualClock()
+    digest = hashlib.sha256()
+    built: list[SimEngine] = []
+
+    async def main() -> float:
+        pool = [
+            SimEngine(profile, clock, f"sim-{i}", skip_ahead=skip_ahead) for i in range(engines)
+        ]
+        built.extend(pool)
+        for engine in pool:
+            await engine.start()
+        done = asyncio.Event()
+
+        async def call(at: float, home: int, req: GenerateRequest) -> None:
+            await clock.sleep_until(at)
+            result = await pool[home].generate(req)
+            digest.update(repr(result).encode())
+
+        async def probe() -> None:
+            while not done.is_set():
+                for engine in pool:
+                    digest.update(repr(engine.load()).encode())
+                await clock.sleep(PROBE_S)
+
+        prober = asyncio.create_task(probe())
+        await asyncio.gather(*(call(*item) for item in load))
+        done.set()
+        await prober
+        for engine in pool:
+            await engine.shutdown()
+        return clock.now()
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    simulated = clock.run(main())
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "engines": engines,
+        "requests": n,
+        "skip_ahead": skip_ahead,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "simulated_s": simulated,
+        "sim_s_per_wall_s": simulated / wall,
+        "steps": sum(e.steps for e in built),
+        "wakes": sum(e.wakes for e in built),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "digest": digest.hexdigest()[:16],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=300, help="calls per engine")
+    ap.add_argument("--rate", type=float, default=0.3, help="calls per second per engine")
+    ap.add_argument("--engines", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one configuration
+    args = ap.parse_args()
+    if args.one:
+        engines, skip = json.loads(args.one)
+        print(json.dumps(run_one(args.requests * engines, engines, args.rate, args.seed, skip)))
+        return
+    print(
+        f"prompts {PROMPT_TOKENS[0]:,}-{PROMPT_TOKENS[1]:,} tokens (80% open with one of "
+        f"{SHARED_PREFIXES} shared prefixes), outputs {OUTPUT_TOKENS[0]:,}-{OUTPUT_TOKENS[1]:,}, "
+        f"{args.rate}/s per engine, load() probe every {PROBE_S * 1e3:.0f} ms, qwen3-32b@h200"
+    )
+    for engines in args.engines:
+        rows = []
+        for skip in (False, True):
+            cmd = [
+                sys.executable,
+                __file__,
+                "--requests",
+                str(args.requests),
+                "--rate",
+                str(args.rate),
+                "--seed",
+                str(args.seed),
+                "--one",
+                json.dumps([engines, skip]),
+            ]
+            rows.append(
+                json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            )
+        print(f"{engines} engine(s), {rows[0]['requests']} calls:")
+        for r in rows:
+            print(
+                f"  skip-ahead {'on ' if r['skip_ahead'] else 'off'}: wall {r['wall_s']:7.2f} s "
+                f"(CPU {r['cpu_s']:7.2f} s), "
+                f"simulated {r['simulated_s']:8.1f} s, {r['sim_s_per_wall_s']:7.1f} sim s/wall s, "
+                f"{r['steps']:,} steps, {r['wakes']:,} wake-ups, peak RSS {r['peak_rss_mb']:.0f} MB"
+            )
+        same = rows[0]["digest"] == rows[1]["digest"]
+        print(
+            f"  same results and load snapshots: {'yes' if same else 'NO'} "
+            f"(digest {rows[1]['digest']}); speed-up x{rows[0]['wall_s'] / rows[1]['wall_s']:.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
