@@ -1,11 +1,13 @@
 """How fast SimEngine simulates long decodes: skip-ahead on vs off, one engine and four.
 
-    python scripts/bench_sim_engine.py [--requests 300] [--rate 0.3] [--engines 1 4]
+    python scripts/bench_sim_engine.py [--requests 300] [--engines 1 4] [--scenario NAME ...]
 
-An open-loop Poisson load per engine (``--rate`` calls per second each, calls placed round
-robin) of long agentic calls: prompts of 2k-30k tokens, most of them opening with one of
-eight shared system prefixes (so prefix caching has work), outputs of 300-2,000 tokens,
-one call in five speculative. A probe reads every engine's ``load()`` every 50 ms, as the
+An open-loop Poisson load per engine (calls placed round robin) of long agentic calls,
+prompts mostly opening with one of eight shared system prefixes (so prefix caching has
+work), outputs of 300-2,000 tokens, one call in five speculative. Two scenarios:
+``long-prompts`` (2k-30k-token prompts at 0.3 calls/s per engine: KV-bound, few large
+sequences) and ``routing`` (1k-4k-token prompts at 1.5 calls/s per engine: batches of
+dozens of decodes, as a routing replay with realistic decode lengths has). A probe reads every engine's ``load()`` every 50 ms, as the
 C3 gate does. Each configuration runs in a fresh process, so its wall time and peak RSS
 are its own. Prints, per configuration: wall seconds, simulated seconds, simulated
 seconds per wall second, steps applied, engine wake-ups, peak RSS, and whether skip-ahead
@@ -25,6 +27,7 @@ import resource
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,11 +39,24 @@ from dynbranch.engines.profile import load_profile  # noqa: E402
 from dynbranch.engines.protocol import CANONICAL, SPECULATIVE, GenerateRequest  # noqa: E402
 from dynbranch.engines.sim import SimEngine  # noqa: E402
 
-PROMPT_TOKENS = (2_000, 30_000)
 OUTPUT_TOKENS = (300, 2_000)
-PREFIX_TOKENS = (2_000, 20_000)
 SHARED_PREFIXES = 8
 PROBE_S = 0.05
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Prompt and shared-prefix sizes (tokens) and the calls per second per engine."""
+
+    prompt: tuple[int, int]
+    prefix: tuple[int, int]
+    rate: float
+
+
+SCENARIOS = {
+    "long-prompts": Scenario((2_000, 30_000), (2_000, 20_000), 0.3),
+    "routing": Scenario((1_000, 4_000), (500, 3_000), 1.5),
+}
 
 
 class Corpus:
@@ -57,17 +73,18 @@ class Corpus:
 
 
 def requests(
-    n: int, engines: int, rate: float, seed: int
+    n: int, engines: int, scenario: Scenario, seed: int
 ) -> list[tuple[float, int, GenerateRequest]]:
-    """(arrival time, engine, request) for ``n`` calls at ``rate`` per engine per second."""
+    """(arrival time, engine, request) for ``n`` calls of ``scenario``."""
     rng = random.Random(seed)
     corpus = Corpus(seed)
-    sizes = [rng.randint(*PREFIX_TOKENS) for _ in range(SHARED_PREFIXES)]
+    rate = scenario.rate
+    sizes = [rng.randint(*scenario.prefix) for _ in range(SHARED_PREFIXES)]
     prefixes = [(corpus.text(k, rng), k) for k in sizes]
     out, t = [], 0.0
     for i in range(n):
         t += rng.expovariate(rate * engines)
-        tokens = rng.randint(*PROMPT_TOKENS)
+        tokens = rng.randint(*scenario.prompt)
         prefix, k = rng.choice(prefixes) if rng.random() < 0.8 else ("", 0)
         if k >= tokens:
             prefix, k = "", 0
@@ -79,10 +96,10 @@ def requests(
     return out
 
 
-def run_one(n: int, engines: int, rate: float, seed: int, skip_ahead: bool) -> dict:
+def run_one(n: int, engines: int, scenario: Scenario, seed: int, skip_ahead: bool) -> dict:
     """Simulate one configuration in this process; returns its measurements."""
     profile = load_profile("qwen3-32b@h200")
-    load = requests(n, engines, rate, seed)
+    load = requests(n, engines, scenario, seed)
     clock = VirtualClock()
     digest = hashlib.sha256()
     built: list[SimEngine] = []
@@ -136,51 +153,54 @@ def run_one(n: int, engines: int, rate: float, seed: int, skip_ahead: bool) -> d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=300, help="calls per engine")
-    ap.add_argument("--rate", type=float, default=0.3, help="calls per second per engine")
     ap.add_argument("--engines", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--scenario", nargs="+", choices=sorted(SCENARIOS), default=sorted(SCENARIOS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one configuration
     args = ap.parse_args()
     if args.one:
-        engines, skip = json.loads(args.one)
-        print(json.dumps(run_one(args.requests * engines, engines, args.rate, args.seed, skip)))
+        name, engines, skip = json.loads(args.one)
+        n = args.requests * engines
+        print(json.dumps(run_one(n, engines, SCENARIOS[name], args.seed, skip)))
         return
     print(
-        f"prompts {PROMPT_TOKENS[0]:,}-{PROMPT_TOKENS[1]:,} tokens (80% open with one of "
-        f"{SHARED_PREFIXES} shared prefixes), outputs {OUTPUT_TOKENS[0]:,}-{OUTPUT_TOKENS[1]:,}, "
-        f"{args.rate}/s per engine, load() probe every {PROBE_S * 1e3:.0f} ms, qwen3-32b@h200"
+        f"outputs {OUTPUT_TOKENS[0]:,}-{OUTPUT_TOKENS[1]:,} tokens, 80% of prompts open with "
+        f"one of {SHARED_PREFIXES} shared prefixes, load() probe every {PROBE_S * 1e3:.0f} ms, "
+        "qwen3-32b@h200"
     )
-    for engines in args.engines:
-        rows = []
-        for skip in (False, True):
-            cmd = [
-                sys.executable,
-                __file__,
-                "--requests",
-                str(args.requests),
-                "--rate",
-                str(args.rate),
-                "--seed",
-                str(args.seed),
-                "--one",
-                json.dumps([engines, skip]),
-            ]
-            rows.append(
-                json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-            )
-        print(f"{engines} engine(s), {rows[0]['requests']} calls:")
-        for r in rows:
+    for name in args.scenario:
+        sc = SCENARIOS[name]
+        print(f"{name}: prompts {sc.prompt[0]:,}-{sc.prompt[1]:,} tokens, {sc.rate}/s per engine")
+        for engines in args.engines:
+            rows = [_subprocess(args, [name, engines, skip]) for skip in (False, True)]
+            print(f"  {engines} engine(s), {rows[0]['requests']} calls:")
+            for r in rows:
+                print(
+                    f"    skip-ahead {'on ' if r['skip_ahead'] else 'off'}: wall {r['wall_s']:7.2f} s "
+                    f"(CPU {r['cpu_s']:7.2f} s), simulated {r['simulated_s']:7.1f} s, "
+                    f"{r['sim_s_per_wall_s']:6.1f} sim s/wall s, {r['steps']:,} steps, "
+                    f"{r['wakes']:,} wake-ups, peak RSS {r['peak_rss_mb']:.0f} MB"
+                )
+            same = rows[0]["digest"] == rows[1]["digest"]
             print(
-                f"  skip-ahead {'on ' if r['skip_ahead'] else 'off'}: wall {r['wall_s']:7.2f} s "
-                f"(CPU {r['cpu_s']:7.2f} s), "
-                f"simulated {r['simulated_s']:8.1f} s, {r['sim_s_per_wall_s']:7.1f} sim s/wall s, "
-                f"{r['steps']:,} steps, {r['wakes']:,} wake-ups, peak RSS {r['peak_rss_mb']:.0f} MB"
+                f"    same results and load snapshots: {'yes' if same else 'NO'} (digest "
+                f"{rows[1]['digest']}); CPU x{rows[0]['cpu_s'] / rows[1]['cpu_s']:.1f}, wall "
+                f"x{rows[0]['wall_s'] / rows[1]['wall_s']:.1f}"
             )
-        same = rows[0]["digest"] == rows[1]["digest"]
-        print(
-            f"  same results and load snapshots: {'yes' if same else 'NO'} "
-            f"(digest {rows[1]['digest']}); speed-up x{rows[0]['wall_s'] / rows[1]['wall_s']:.1f}"
-        )
+
+
+def _subprocess(args: argparse.Namespace, one: list) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--requests",
+        str(args.requests),
+        "--seed",
+        str(args.seed),
+        "--one",
+        json.dumps(one),
+    ]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
 if __name__ == "__main__":
