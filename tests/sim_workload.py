@@ -144,6 +144,7 @@ def observe(
             try:
                 if not call.stream:
                     obs.outcomes[rid] = await engine.generate(req)
+                    chunks.append(("", True, clock.now()))  # when the caller got it
                     return
                 async for chunk in engine.generate_stream(req):
                     chunks.append((chunk.text_delta, chunk.finished, clock.now()))

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from dynbranch.engines.profile import Profile, load_profile
 from dynbranch.engines.protocol import CANONICAL, SPECULATIVE
 from dynbranch.engines.sim import SimEngine
-from dynbranch.engines.skip_ahead import DecodeRun
+from dynbranch.engines.skip_ahead import Lookahead, Stepper
 from tests.sim_workload import (
     PREFIXES,
     Call,
@@ -82,7 +82,8 @@ def with_tie(setup: Setup, workload: Workload, u: float, tie: Workload) -> Workl
 
 # -- strategies -----------------------------------------------------------------------------
 
-times = st.floats(0.0, 1.5, allow_nan=False)
+# Some arrivals share an instant exactly (twins admitted together decode in lockstep).
+times = st.one_of(st.floats(0.0, 1.5, allow_nan=False), st.sampled_from([0.0, 0.25, 0.5]))
 calls = st.builds(
     Call,
     at=times,
@@ -258,6 +259,65 @@ def test_a_decode_evicting_the_heads_cached_prefix_ends_the_run(monkeypatch) -> 
     assert_same(setup, workload)
 
     # Without the guard the run plans through the eviction, and callers see it.
-    monkeypatch.setattr(DecodeRun, "_evicts_head", lambda run, free, take: False)
+    monkeypatch.setattr(Lookahead, "_evicts_head", lambda plan, free, take: False)
+    step = observe(workload, setup.engine(skip_ahead=False))
+    assert differences(step, observe(workload, setup.engine(skip_ahead=True)))
+
+
+def test_twins_in_lockstep_publish_their_blocks_in_batch_order(monkeypatch) -> None:  # noqa: ANN001
+    # Found by a targeted search. Twins admitted together fill identical blocks in the same
+    # steps; the first in batch order holds each key (vLLM: first holder wins). The first
+    # twin stops early, so its blocks are freed and evicted first, and the follow-up turns
+    # find (or miss) the shared blocks accordingly.
+    setup = Setup(P32, 35, True)
+    c = CANONICAL
+    workload = Workload(
+        (
+            Call(0.15903871311313933, 0, 0, 32, 113, 43, c, None, False),
+            Call(0.15903871311313933, 0, 0, 32, 0, 4096, c, None, False, twin=0),
+            Call(1.1639378511535754, 0, 1, 7, 60, 4096, c, None, False),
+            Call(0.5576900333434608, 0, 1, 49, 46, 4096, c, None, False),
+            Call(0.019671284383353305, 0, 1, 53, 91, 4096, c, None, False),
+            Call(0.7309313733667033, 0, 0, 26, 5, 4096, c, None, False, follows=0),
+            Call(1.9684006994003194, 0, 0, 15, 9, 4096, c, None, False, follows=0),
+        )
+    )
+    assert_same(setup, workload)
+
+    apply_members = Stepper._apply_members
+
+    def publishing_in_reverse(stepper: Stepper, k: int, t: float) -> None:
+        bucket = stepper.lazy.buckets[(k + 1) % stepper.block_size]
+        bucket.reverse()
+        apply_members(stepper, k, t)
+        bucket.reverse()
+
+    monkeypatch.setattr(Stepper, "_apply_members", publishing_in_reverse)
+    step = observe(workload, setup.engine(skip_ahead=False))
+    assert differences(step, observe(workload, setup.engine(skip_ahead=True)))
+
+
+def test_a_plan_stops_before_the_step_the_pool_cannot_feed(monkeypatch) -> None:  # noqa: ANN001
+    # Decodes outgrow a 27-block pool: the scheduler preempts, the batch shrinks and the
+    # steps get cheaper, so a request ends earlier than a plan through that step says.
+    setup = Setup(P32, 27, True)
+    c, s = CANONICAL, SPECULATIVE
+    workload = Workload(
+        (
+            Call(0.1777922731881497, 0, 0, 53, 209, 4096, s, None, False),
+            Call(0.1877160912324162, 0, 0, 36, 330, 4096, c, None, False),
+            Call(0.27264552005559745, 0, 0, 140, 152, 4096, c, None, False),
+        )
+    )
+    obs = assert_same(setup, workload)
+    assert sum(r.preemptions for r in obs.outcomes.values() if not isinstance(r, str)) > 0
+
+    lookahead = Lookahead.__init__
+
+    def ignoring_the_pool(plan: Lookahead, stepper: Stepper) -> None:
+        lookahead(plan, stepper)
+        plan.free_left = 10**9
+
+    monkeypatch.setattr(Lookahead, "__init__", ignoring_the_pool)
     step = observe(workload, setup.engine(skip_ahead=False))
     assert differences(step, observe(workload, setup.engine(skip_ahead=True)))

@@ -94,6 +94,7 @@ class Seq:
     preemptions: int = 0
     first_scheduled_at: float | None = None
     first_token_at: float | None = None
+    admitted: int = 0  # admission order among running requests (batch order)
     result: GenerateResult | None = None
     waiter: Any = None
     streaming: bool = False
@@ -192,6 +193,7 @@ class Scheduler:
         self._front = 0  # queue keys below every arrival: the front of a priority class
         self._spec_refs: dict[int, int] = {}  # block -> references by running speculative work
         self.schedules = 0  # steps scheduled so far
+        self.admissions = 0
         # The queue head that failed to fit, with its cached prefix, in step ``schedules``.
         self.blocked: tuple[Seq, list[int], int] | None = None
 
@@ -267,22 +269,33 @@ class Scheduler:
         # unless nothing else would run.
         plan.preempted = self.preemptions != preempted
         if not plan.preempted or not plan.tokens:
-            self._schedule_waiting(plan)
+            self.admit_waiting(plan)
         for seq in plan.tokens:
             if seq.first_scheduled_at is None:
                 seq.first_scheduled_at = now
         return plan
 
     def _schedule_running(self, plan: StepPlan) -> None:
-        # Decodes first, then prefill chunks; the stable sort keeps admission order.
-        for seq in sorted(self.running, key=lambda s: s.remaining > 1):
-            if plan.budget == 0:
+        # Decodes first, then prefill chunks, each in admission order (vLLM v1's stable sort).
+        decodes, prefills = [], []
+        for seq in self.running:
+            (prefills if len(seq.token_ids) - seq.num_computed > 1 else decodes).append(seq)
+        bs, pool, tokens, context = self.block_size, self.pool, plan.tokens, plan.context
+        for seq in decodes + prefills if prefills else decodes:
+            budget = plan.budget
+            if budget == 0:
                 break
             if seq.state != RUNNING:
                 continue  # preempted earlier in this step
-            n = min(seq.remaining, plan.budget)
-            if self._grow(seq, seq.num_computed + n, plan):
-                plan.add(seq, n)
+            computed = seq.num_computed
+            n = min(len(seq.token_ids) - computed, budget)
+            need = -(-(computed + n) // bs) - len(seq.blocks)
+            if need > pool.num_free:
+                if not self._grow(seq, computed + n, plan):
+                    continue
+            elif need > 0:
+                self.hold(seq, pool.allocate(need))
+            tokens[seq], context[seq], plan.budget = n, computed, budget - n
 
     def _grow(self, seq: Seq, tokens: int, plan: StepPlan) -> bool:
         """Give ``seq`` blocks for ``tokens`` tokens, preempting others if the pool is full.
@@ -314,7 +327,8 @@ class Scheduler:
         seq.queue_key = (seq.priority, self._front)
         self.add(seq)
 
-    def _schedule_waiting(self, plan: StepPlan) -> None:
+    def admit_waiting(self, plan: StepPlan) -> None:
+        """Admit queue heads into ``plan`` while they fit (its budget, the batch limit)."""
         limit = self.max_num_seqs
         while self.waiting and plan.budget > 0 and len(self.running) < limit:
             # NOTE: strict queue order: a head that does not fit blocks those behind it, so
@@ -351,6 +365,8 @@ class Scheduler:
             seq.cached_prompt_tokens = cached
         self.waiting.pop(0)
         self.spec_waiting -= seq.speculative
+        self.admissions += 1
+        seq.admitted = self.admissions
         self.running.append(seq)
         self.spec_running += seq.speculative
         seq.state = RUNNING
@@ -362,24 +378,25 @@ class Scheduler:
 
     def apply(self, plan: StepPlan, now: float) -> None:
         """The step has run (at ``now``): its KV is written and finished prefills/decodes sample."""
+        bs, pool = self.block_size, self.pool
+        caching = pool.caching
         for seq, n in plan.tokens.items():
             if seq.state != RUNNING:
                 continue  # aborted while the step ran
-            self._commit(seq, seq.num_computed + n)
-            if seq.remaining == 0:
-                self._sample(seq, now)
+            before = seq.num_computed
+            computed = before + n
+            # Publish the blocks this step filled.
+            first, last = before // bs, computed // bs
+            if caching and last > first:
+                seq.ensure_hashes(last, bs)
+                for i in range(first, last):
+                    pool.cache(seq.blocks[i], seq.hashes[i])
+            seq.num_computed = computed
+            if len(seq.token_ids) == computed:
+                self.sample(seq, now)
 
-    def _commit(self, seq: Seq, computed: int) -> None:
-        """Advance ``seq`` to ``computed`` tokens and publish its newly full blocks."""
-        bs = self.block_size
-        first, last = seq.num_computed // bs, computed // bs
-        if self.pool.caching and last > first:
-            seq.ensure_hashes(last, bs)
-            for i in range(first, last):
-                self.pool.cache(seq.blocks[i], seq.hashes[i])
-        seq.num_computed = computed
-
-    def _sample(self, seq: Seq, now: float) -> None:
+    def sample(self, seq: Seq, now: float) -> None:
+        """``seq`` (all its tokens computed) samples its next token at ``now``."""
         k = seq.sampled
         seq.token_ids.append(seq.plan.token_ids[k])
         seq.sampled += 1

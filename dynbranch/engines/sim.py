@@ -18,14 +18,14 @@ entry point (a new request, an abort, :meth:`SimEngine.load`, a stream asking fo
 next chunk) first catches up with the boundaries already passed, so the engine's state is
 always what it is at that moment.
 
-Skip-ahead (``skip_ahead=True``, the default). While the batch cannot change — everyone is
-decoding, nothing can be admitted, no one ends or needs a block the pool lacks — the engine
-does not wake per step: a :class:`~dynbranch.engines.skip_ahead.DecodeRun` plans the steps
-ahead and the alarm is set where the batch next changes (or where a stream waits for its
-next token). Skipped steps are applied lazily when someone looks, with the same step
-times, summed in the same order, and the same pool operations in the same order as
-stepping one by one (``skip_ahead=False``), so every result, chunk and load snapshot is
-identical; only the number of clock events differs.
+Skip-ahead (``skip_ahead=True``, the default). The decoding requests are stepped
+together (:class:`~dynbranch.engines.skip_ahead.Stepper`): a step touches only the few
+requests with something happening (a new KV block, an end, a prefill chunk, an admission),
+steps are applied lazily when someone looks, and the engine wakes on its own only where
+something observable happens (a request ends, a stream's next token) or the future is not
+yet known. Every step time is summed in the same order and every pool operation happens in
+the same order as stepping one by one (``skip_ahead=False``), so every result, chunk and
+load snapshot is identical; only the work per step and the number of clock events differ.
 """
 
 from __future__ import annotations
@@ -44,15 +44,8 @@ from dynbranch.engines.protocol import (
     LoadSnapshot,
 )
 from dynbranch.engines.queued import DONE, RUNNING
-from dynbranch.engines.scheduler import (
-    EOS_TOKEN_ID,
-    ReplayPlan,
-    Scheduler,
-    Seq,
-    StepPlan,
-    replay_plan,
-)
-from dynbranch.engines.skip_ahead import BusyWindow, DecodeRun
+from dynbranch.engines.scheduler import EOS_TOKEN_ID, ReplayPlan, Scheduler, Seq, replay_plan
+from dynbranch.engines.skip_ahead import BusyWindow, Stepper
 from dynbranch.engines.tokenizer import encode
 from dynbranch.errors import EngineError, PromptTooLongError
 
@@ -93,10 +86,7 @@ class SimEngine(Engine):
         self._seqs: dict[str, Seq] = {}
         self._streams: set[Seq] = set()  # requests whose stream waits for its next token
         self._busy = BusyWindow(BUSY_WINDOW_S)
-        # The step in flight: a scheduled batch (None when idle), or the step of a run.
-        self._plan: StepPlan | None = None
-        self._run: DecodeRun | None = None
-        self._step_end = self._step_cost = 0.0
+        self._stepper = Stepper(self._sched, profile, skip_ahead, self._streams, self._wake)
         self._alarm: Alarm | None = None
         self._start_pending = False
         self._failure: BaseException | None = None
@@ -171,7 +161,6 @@ class SimEngine(Engine):
         for seq in list(self._seqs.values()):
             self._end_now(seq, "abort")
         self._closed = True
-        self._plan = self._run = None
         if self._alarm is not None:
             self._alarm.cancel()
 
@@ -223,9 +212,7 @@ class SimEngine(Engine):
         """End ``seq`` now (an abort): whatever the step in flight computes for it is lost."""
         if self._failure is None:
             self._advance()
-        run = self._run
-        if run is not None and seq in run.index:
-            run.settle(seq)
+        self._stepper.settle(seq)
         self._sched.end(seq, reason, self.clock.now())
         self._batch_may_change()
 
@@ -234,16 +221,15 @@ class SimEngine(Engine):
         wakes)."""
         if self._failure is not None or self._closed:
             return
-        if self._plan is None:
+        if not self._stepper.busy:
             if not self._start_pending and self._sched.waiting:
                 # NOTE: the engine starts one callback later, as a woken step-loop task
                 # would: calls made in between in this instant join its first step.
                 self._start_pending = True
                 asyncio.get_running_loop().call_soon(self._on_start)
             return
-        if self._run is not None:
-            self._run.cut()
-            self._arm()
+        self._stepper.changed()
+        self._arm()
 
     # -- what the scheduler reports (the Listener) ----------------------------------------
 
@@ -253,6 +239,7 @@ class SimEngine(Engine):
 
     def ended(self, seq: Seq) -> None:
         del self._seqs[seq.request.request_id]
+        self._stepper.forget(seq)
         if seq.waiter is not None:
             self._wake(seq)
 
@@ -300,10 +287,7 @@ class SimEngine(Engine):
         return None
 
     def _sampled(self, seq: Seq) -> int:
-        run = self._run
-        if run is not None and seq.state == RUNNING and seq in run.index:
-            return run.sampled(seq)
-        return seq.sampled
+        return seq.sampled if seq.state != RUNNING else self._stepper.sampled(seq)
 
     # -- time -----------------------------------------------------------------------------
 
@@ -321,61 +305,24 @@ class SimEngine(Engine):
             raise EngineError(f"engine {self.engine_id}: step loop failed: {exc!r}") from exc
 
     def _catch_up(self) -> bool:
-        alarm, moved = self._alarm, False
+        alarm, stepper, moved = self._alarm, self._stepper, False
         assert alarm is not None
-        while self._plan is not None:
-            end = self._run.step_end if self._run is not None else self._step_end
-            if not alarm.due(end):
-                break
-            self._boundary()
+        while stepper.busy and alarm.due(stepper.end):
+            stepper.boundary(self._busy)
+            self.steps += 1
             moved = True
         return moved
 
-    def _boundary(self) -> None:
-        """The step in flight has ended: apply it and schedule the next."""
-        self.steps += 1
-        run = self._run
-        if run is not None and not run.in_last_step():
-            run.advance(self._busy)
-            if self._streams:
-                waiting = [s for s in self._streams if s.state == RUNNING and s in run.index]
-                for seq in sorted(waiting, key=run.index.__getitem__):  # batch order
-                    self._wake(seq)
-            return
-        if run is not None:
-            t, cost, plan = run.step_end, run.step_cost, run.last_plan()
-            self._run = None
-        else:
-            assert self._plan is not None
-            t, cost, plan = self._step_end, self._step_cost, self._plan
-        self._busy.add(t, cost)
-        self._sched.apply(plan, t)
-        self._start_step(t)
-
-    def _start_step(self, now: float) -> None:
-        plan = self._sched.schedule(now)
-        if not plan.tokens:
-            assert not self._sched.waiting, "an idle pool must admit the head of the queue"
-            self._plan = None
-            return
-        cost = self.profile.step_time(*plan.totals())
-        self._plan, self._step_cost, self._step_end = plan, cost, now + cost
-        if self.skip_ahead:
-            self._run = DecodeRun.plan(self._sched, self.profile, plan, now + cost, cost)
-
     def _arm(self) -> None:
         """Set the alarm where the engine must next act on its own."""
-        alarm = self._alarm
+        alarm, stepper = self._alarm, self._stepper
         assert alarm is not None
-        run = self._run
-        if self._plan is None:
+        if not stepper.busy:
             alarm.cancel()
-        elif run is None:
-            alarm.set(self._step_end)
-        elif any(s.state == RUNNING and s in run.index for s in self._streams):
-            alarm.set(run.step_end)  # a stream waits for the token of the step in flight
+        elif any(stepper.is_member(s) for s in self._streams):
+            alarm.set(stepper.end)  # a stream waits for the token of the step in flight
         else:
-            alarm.set(run.horizon())
+            alarm.set(stepper.horizon())
 
     def _on_alarm(self) -> None:
         self.wakes += 1
@@ -390,10 +337,10 @@ class SimEngine(Engine):
 
     def _on_start(self) -> None:
         self._start_pending = False
-        if self._plan is not None or self._closed or self._failure is not None:
+        if self._stepper.busy or self._closed or self._failure is not None:
             return
         try:
-            self._start_step(self.clock.now())
+            self._stepper.start(self.clock.now())
             self._arm()
         except Exception as exc:
             self._fail(exc)
@@ -402,7 +349,7 @@ class SimEngine(Engine):
     def _fail(self, exc: BaseException) -> None:
         """A bug in the simulator fails the calls in flight instead of hanging them."""
         self._failure = exc
-        self._plan = self._run = None
+        self._stepper.busy = False
         if self._alarm is not None:
             self._alarm.cancel()
         for seq in list(self._seqs.values()):
