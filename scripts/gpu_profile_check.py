@@ -38,13 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dynbranch.engines.profile import Profile, SeqWork, known_profiles, load_profile  # noqa: E402
+from dynbranch.engines.profile import Profile, known_profiles, load_profile  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_layers import Layers, Point, measure  # noqa: E402
 
 TOLERANCE = 0.10
 """A point is off when measured / simulated device time is outside 1 +- this."""
@@ -52,21 +54,6 @@ DECISIVE = 2.0
 """Fit a knob only on points whose bound is clear: the other roof this many times lower."""
 L2_BYTES = 2 * 2**30
 """Time enough layers that their weights are this large (far above any L2 cache)."""
-KV_LIMIT_BYTES = 40 * 2**30
-"""The most KV cache one point allocates across its timed layers."""
-
-
-@dataclass(frozen=True)
-class Point:
-    """One step shape: ``batch`` sequences computing ``new`` tokens after ``context``."""
-
-    kind: str  # "decode" | "prefill"
-    batch: int
-    context: int
-    new: int
-
-    def work(self) -> list[SeqWork]:
-        return [SeqWork(self.context, self.new)] * self.batch
 
 
 @dataclass(frozen=True)
@@ -105,183 +92,6 @@ TINY_SHAPES = {  # name -> (layers, hidden, heads, kv heads, head dim, intermedi
     "qwen3-8b": (4, 128, 8, 2, 16, 384, 512),
     "qwen3-0.6b": (4, 64, 4, 2, 16, 192, 512),
 }
-
-
-# -- the layers ------------------------------------------------------------------------------
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-
-
-def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-class Layers:
-    """``count`` decoder layers of ``profile``'s model with random weights."""
-
-    def __init__(self, profile: Profile, count: int, device: str, dtype: torch.dtype) -> None:
-        m = self.model = profile.model
-        self.device, self.dtype = device, dtype
-        q, kv = m.num_attention_heads * m.head_dim, m.num_kv_heads * m.head_dim
-        gen = torch.Generator(device=device).manual_seed(0)
-
-        def weight(*shape: int) -> torch.Tensor:
-            w = torch.randn(*shape, generator=gen, device=device, dtype=dtype)
-            return w / math.sqrt(shape[0])
-
-        ones = lambda n: torch.ones(n, device=device, dtype=dtype)  # noqa: E731
-        self.layers = [
-            {
-                "ln1": ones(m.hidden_size),
-                "qkv": weight(m.hidden_size, q + 2 * kv),
-                "q_norm": ones(m.head_dim),
-                "k_norm": ones(m.head_dim),
-                "o": weight(q, m.hidden_size),
-                "ln2": ones(m.hidden_size),
-                "gate_up": weight(m.hidden_size, 2 * m.intermediate_size),
-                "down": weight(m.intermediate_size, m.hidden_size),
-            }
-            for _ in range(count)
-        ]
-        self.lm_head = weight(m.hidden_size, m.vocab_size)
-
-    def _qkv(self, w: dict, x: torch.Tensor, pos: torch.Tensor):  # noqa: ANN202
-        m = self.model
-        heads, kvh, d = m.num_attention_heads, m.num_kv_heads, m.head_dim
-        q, k, v = (rms_norm(x, w["ln1"]) @ w["qkv"]).split([heads * d, kvh * d, kvh * d], -1)
-        freqs = pos.float()[:, None] / (1e6 ** (torch.arange(0, d, 2, device=x.device) / d))
-        cos = torch.cat((freqs.cos(), freqs.cos()), -1).to(x.dtype)[:, None, :]
-        sin = torch.cat((freqs.sin(), freqs.sin()), -1).to(x.dtype)[:, None, :]
-        q = rotary(rms_norm(q.view(-1, heads, d), w["q_norm"]), cos, sin)
-        k = rotary(rms_norm(k.view(-1, kvh, d), w["k_norm"]), cos, sin)
-        return q, k, v.view(-1, kvh, d)
-
-    def _mlp(self, w: dict, x: torch.Tensor) -> torch.Tensor:
-        gate, up = (rms_norm(x, w["ln2"]) @ w["gate_up"]).chunk(2, -1)
-        return x + (F.silu(gate) * up) @ w["down"]
-
-    def decode(self, x: torch.Tensor, caches: list, layers: int) -> torch.Tensor:
-        """One decode step: ``x`` is (batch, hidden); each cache (batch, kv, context + 1, d)."""
-        m = self.model
-        b, group = x.shape[0], m.num_attention_heads // m.num_kv_heads
-        pos = torch.full((b,), caches[0][0].shape[2] - 1, device=x.device)
-        for w, (k_cache, v_cache) in zip(self.layers[:layers], caches, strict=False):
-            q, k, v = self._qkv(w, x, pos)
-            k_cache[:, :, -1] = k
-            v_cache[:, :, -1] = v
-            # NOTE: grouped-query decode without repeating K/V: a KV head's query group is
-            # its "query length", so the kernel reads each cached K/V once.
-            qg = q.view(b, m.num_kv_heads, group, m.head_dim)
-            attn = F.scaled_dot_product_attention(qg, k_cache, v_cache)
-            x = x + attn.reshape(b, -1) @ w["o"]
-            x = self._mlp(w, x)
-        return rms_norm(x, self.layers[0]["ln2"]) @ self.lm_head
-
-    def prefill(self, x: torch.Tensor, caches: list, layers: int, context: int) -> torch.Tensor:
-        """A prefill chunk: ``x`` is (new, hidden) after ``context`` cached tokens."""
-        m = self.model
-        n, group = x.shape[0], m.num_attention_heads // m.num_kv_heads
-        pos = torch.arange(context, context + n, device=x.device)
-        mask = _causal_mask(n, context + n, x.device)
-        for w, (k_cache, v_cache) in zip(self.layers[:layers], caches, strict=False):
-            q, k, v = self._qkv(w, x, pos)
-            k_cache[0, :, context:] = k.transpose(0, 1)
-            v_cache[0, :, context:] = v.transpose(0, 1)
-            keys = k_cache.repeat_interleave(group, dim=1)
-            values = v_cache.repeat_interleave(group, dim=1)
-            q = q.transpose(0, 1)[None]
-            if mask is None:
-                attn = F.scaled_dot_product_attention(q, keys, values, is_causal=True)
-            else:
-                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-            x = x + attn[0].transpose(0, 1).reshape(n, -1) @ w["o"]
-            x = self._mlp(w, x)
-        return rms_norm(x[-1:], self.layers[0]["ln2"]) @ self.lm_head
-
-
-def _causal_mask(n: int, total: int, device: torch.device):  # noqa: ANN202
-    """None for a fresh prompt (plain causal); else query i sees keys up to total - n + i."""
-    if total == n:
-        return None
-    try:
-        from torch.nn.attention.bias import causal_lower_right
-
-        return causal_lower_right(n, total)
-    except ImportError:  # older PyTorch: an explicit mask (a slower kernel)
-        return torch.ones(n, total, dtype=torch.bool, device=device).tril(total - n)
-
-
-# -- timing ----------------------------------------------------------------------------------
-
-
-def _time(fn, device: str, reps: int, trials: int, graph: bool) -> tuple[float, str]:  # noqa: ANN001
-    """Median seconds per call of ``fn`` (a CUDA graph replay where asked and possible)."""
-    how = "eager"
-    if device.startswith("cuda"):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        if graph:
-            try:
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    fn()
-                fn, how = g.replay, "cuda graph"
-            except Exception as exc:  # noqa: BLE001 - any capture failure: time eagerly
-                how = f"eager (graph capture failed: {type(exc).__name__})"
-        results = []
-        for _ in range(trials):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(reps):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            results.append(start.elapsed_time(end) / 1e3 / reps)
-        return statistics.median(results), how
-    fn()
-    results = []
-    for _ in range(trials):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        results.append((time.perf_counter() - t0) / reps)
-    return statistics.median(results), how
-
-
-def measure(layers: Layers, point: Point, timed: int, grid: Grid) -> tuple[float, int, str]:
-    """Seconds of one full-depth step at ``point`` (``timed`` layers, scaled), and how."""
-    m, dev, dtype = layers.model, layers.device, layers.dtype
-    kv_bytes = 2 * point.batch * (point.context + point.new) * m.num_kv_heads * m.head_dim
-    timed = max(1, min(timed, KV_LIMIT_BYTES // max(1, kv_bytes * dtype.itemsize)))
-    shape = (point.batch, m.num_kv_heads, point.context + point.new, m.head_dim)
-    caches = [
-        (torch.randn(shape, device=dev, dtype=dtype), torch.randn(shape, device=dev, dtype=dtype))
-        for _ in range(timed)
-    ]
-    with torch.inference_mode():
-        if point.kind == "decode":
-            x = torch.randn(point.batch, m.hidden_size, device=dev, dtype=dtype)
-            run = lambda: layers.decode(x, caches, timed)  # noqa: E731
-            seconds, how = _time(run, dev, grid.decode_reps, grid.trials, graph=True)
-        else:
-            x = torch.randn(point.new, m.hidden_size, device=dev, dtype=dtype)
-            run = lambda: layers.prefill(x, caches, timed, point.context)  # noqa: E731
-            seconds, how = _time(run, dev, grid.prefill_reps, grid.trials, graph=False)
-        head_x = torch.randn(point.batch, m.hidden_size, device=dev, dtype=dtype)
-        head_s, _ = _time(
-            lambda: head_x @ layers.lm_head, dev, grid.decode_reps, grid.trials, False
-        )
-    # The timed stack includes one LM head; the model has num_layers layers and one head.
-    return (seconds - head_s) * m.num_layers / timed + head_s, timed, how
 
 
 # -- comparing and refitting -----------------------------------------------------------------
@@ -399,6 +209,7 @@ def timed_layers(profile: Profile, tiny: bool) -> int:
 
 
 def markdown(report: dict) -> str:
+    """The report as a markdown table and the proposed knobs."""
     lines = [
         f"# GPU profile check on {report['device']}",
         "",
@@ -433,6 +244,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the check; 0 on success, 2 when asked for a GPU that is not there."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes and grid (seconds, CPU)")
@@ -453,34 +265,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
+    cuda = args.device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    device_name = torch.cuda.get_device_name(0) if cuda else "cpu"
     grid = TINY_GRID if args.tiny else Grid()
     rows, proposals, stopped = [], {}, False
     for profile, note in profiles_for(device_name, args.tiny):
-        count = timed_layers(profile, args.tiny)
-        layers = Layers(profile, count, args.device, dtype)
-        mine = []
-        for point in grid.points(profile):
-            if time.perf_counter() - t0 > args.budget_s:
-                stopped = True
-                break
-            seconds, timed, how = measure(layers, point, count, grid)
-            row = {
-                **compare(profile, point, seconds),
-                "timed_layers": timed,
-                "how": how,
-                "note": note,
-            }
-            mine.append(row)
-            print(
-                f"{row['profile']:34s} {point.kind:7s} b={point.batch:<4d} ctx={point.context:<6d}"
-                f" new={point.new:<5d} measured {row['measured_ms']:9.3f} ms  sim "
-                f"{row['sim_device_ms']:9.3f} ms ({row['sim_bound']})  x{row['ratio']:.2f}",
-                flush=True,
-            )
-        del layers
-        if args.device.startswith("cuda"):
+        mine, stopped = _measure_profile(profile, note, grid, args, t0, dtype)
+        if cuda:
             torch.cuda.empty_cache()
         knobs = propose(profile, mine) if mine else None
         if knobs is not None:
@@ -513,6 +305,28 @@ def _check(args: argparse.Namespace) -> int:
             )
     print(f"wrote {args.out}/gpu_profile_check.json and .md in {report['elapsed_s']:.0f} s")
     return 0
+
+
+def _measure_profile(
+    profile: Profile, note: str, grid: Grid, args: argparse.Namespace, t0: float, dtype: torch.dtype
+) -> tuple[list[dict], bool]:
+    """Every point of ``grid`` for ``profile``'s shapes; whether the time budget ran out."""
+    count = timed_layers(profile, args.tiny)
+    layers = Layers(profile, count, args.device, dtype)
+    rows = []
+    for point in grid.points(profile):
+        if time.perf_counter() - t0 > args.budget_s:
+            return rows, True
+        seconds, timed, how = measure(layers, point, count, grid)
+        row = {**compare(profile, point, seconds), "timed_layers": timed, "how": how, "note": note}
+        rows.append(row)
+        print(
+            f"{row['profile']:34s} {point.kind:7s} b={point.batch:<4d} ctx={point.context:<6d}"
+            f" new={point.new:<5d} measured {row['measured_ms']:9.3f} ms  sim "
+            f"{row['sim_device_ms']:9.3f} ms ({row['sim_bound']})  x{row['ratio']:.2f}",
+            flush=True,
+        )
+    return rows, False
 
 
 if __name__ == "__main__":
