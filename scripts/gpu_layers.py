@@ -95,6 +95,11 @@ class Layers:
         gate, up = (rms_norm(x, w["ln2"]) @ w["gate_up"]).chunk(2, -1)
         return x + (F.silu(gate) * up) @ w["down"]
 
+    def head(self, x: torch.Tensor):  # noqa: ANN201
+        """A call computing the logits of ``x`` (one row per sequence)."""
+        norm = self.layers[0]["ln2"]
+        return lambda: rms_norm(x, norm) @ self.lm_head
+
     def decode(self, x: torch.Tensor, caches: list, layers: int) -> torch.Tensor:
         """One decode step: ``x`` is (batch, hidden); each cache (batch, kv, context + 1, d)."""
         m = self.model
@@ -110,7 +115,7 @@ class Layers:
             attn = F.scaled_dot_product_attention(qg, k_cache, v_cache)
             x = x + attn.reshape(b, -1) @ w["o"]
             x = self._mlp(w, x)
-        return rms_norm(x, self.layers[0]["ln2"]) @ self.lm_head
+        return x
 
     def prefill(self, x: torch.Tensor, caches: list, layers: int, context: int) -> torch.Tensor:
         """A prefill chunk: ``x`` is (new, hidden) after ``context`` cached tokens."""
@@ -131,7 +136,7 @@ class Layers:
                 attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             x = x + attn[0].transpose(0, 1).reshape(n, -1) @ w["o"]
             x = self._mlp(w, x)
-        return rms_norm(x[-1:], self.layers[0]["ln2"]) @ self.lm_head
+        return x
 
 
 def _causal_mask(n: int, total: int, device: torch.device):  # noqa: ANN202
@@ -207,8 +212,6 @@ def measure(layers: Layers, point: Point, timed: int, grid) -> tuple[float, int,
             run = lambda: layers.prefill(x, caches, timed, point.context)  # noqa: E731
             seconds, how = _time(run, dev, grid.prefill_reps, grid.trials, graph=False)
         head_x = torch.randn(point.batch, m.hidden_size, device=dev, dtype=dtype)
-        head_s, _ = _time(
-            lambda: head_x @ layers.lm_head, dev, grid.decode_reps, grid.trials, False
-        )
-    # The timed stack includes one LM head; the model has num_layers layers and one head.
-    return (seconds - head_s) * m.num_layers / timed + head_s, timed, how
+        head_s, _ = _time(layers.head(head_x), dev, grid.decode_reps, grid.trials, graph=False)
+    # The model has num_layers layers, then one LM head for each sequence's last token.
+    return seconds * m.num_layers / timed + head_s, timed, how
