@@ -15,6 +15,7 @@ from dynbranch.engines.tokenizer import (
     count_tokens,
     encode,
     pieces,
+    tokenize,
 )
 
 
@@ -56,6 +57,14 @@ def test_texts_sharing_prefixes_encode_as_from_scratch(base: str, variants: list
         text = base[: min(cut, len(base))] + tail
         assert encode(text) == fresh(text)
         assert len(encode(text)) == count_tokens(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(texts)
+def test_tokenize_gives_pieces_and_ids_and_remembers_nothing(text: str) -> None:
+    remembered = list(tokenizer._ENCODER.recent)
+    assert tokenize(text * 3) == (pieces(text * 3), fresh(text * 3))
+    assert list(tokenizer._ENCODER.recent) == remembered
 
 
 def test_shared_prefix_lengths_are_exact() -> None:

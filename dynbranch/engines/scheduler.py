@@ -25,7 +25,7 @@ from dynbranch.engines.blocks import BlockPool, block_hash, root_hash
 from dynbranch.engines.profile import Profile, attention_pairs, kv_blocks_for
 from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateResult
 from dynbranch.engines.queued import DONE, RUNNING, WAITING
-from dynbranch.engines.tokenizer import encode, pieces
+from dynbranch.engines.tokenizer import tokenize
 from dynbranch.errors import EngineError
 
 EOS_TOKEN_ID = 151_645
@@ -60,7 +60,7 @@ def replay_plan(request: GenerateRequest, max_output: int | None = None) -> Repl
             "GenerateRequest.replay_text (use a real engine to generate new text)"
         )
     limit = request.max_tokens if max_output is None else min(request.max_tokens, max_output)
-    text_pieces, ids = pieces(request.replay_text), encode(request.replay_text)
+    text_pieces, ids = tokenize(request.replay_text)
     if len(text_pieces) < limit:
         return ReplayPlan(tuple(text_pieces), (*ids, EOS_TOKEN_ID), "stop")
     return ReplayPlan(tuple(text_pieces[:limit]), tuple(ids[:limit]), "length")

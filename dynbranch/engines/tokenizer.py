@@ -122,8 +122,18 @@ _ENCODER = _Encoder()
 
 
 def encode(text: str) -> list[int]:
-    """Stable token ids for ``text``."""
+    """Stable token ids for ``text`` (a prompt: its pieces are remembered for reuse)."""
     return _ENCODER.encode(text)
+
+
+def tokenize(text: str) -> tuple[list[str], list[int]]:
+    """``pieces(text)`` and ``encode(text)`` in one pass, remembering nothing.
+
+    NOTE: for texts that are not prompts (a call's output), so they do not push the
+    prompts whose prefixes later prompts share out of the encoder's memory.
+    """
+    out = pieces(text)
+    return out, list(map(_ENCODER.ids.__getitem__, out))
 
 
 def count_tokens(text: str) -> int:
