@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import json
 import random
@@ -27,6 +28,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,26 +76,28 @@ class Corpus:
 
 def requests(
     n: int, engines: int, scenario: Scenario, seed: int
-) -> list[tuple[float, int, GenerateRequest]]:
-    """(arrival time, engine, request) for ``n`` calls of ``scenario``."""
+) -> Iterator[tuple[float, int, GenerateRequest]]:
+    """(arrival time, engine, request) for ``n`` calls of ``scenario``, made as iterated
+    (so the benchmark holds only the calls in flight)."""
     rng = random.Random(seed)
     corpus = Corpus(seed)
-    rate = scenario.rate
     sizes = [rng.randint(*scenario.prefix) for _ in range(SHARED_PREFIXES)]
     prefixes = [(corpus.text(k, rng), k) for k in sizes]
-    out, t = [], 0.0
-    for i in range(n):
-        t += rng.expovariate(rate * engines)
-        tokens = rng.randint(*scenario.prompt)
-        prefix, k = rng.choice(prefixes) if rng.random() < 0.8 else ("", 0)
-        if k >= tokens:
-            prefix, k = "", 0
-        prompt = prefix + corpus.text(tokens - k, rng)
-        output = corpus.text(rng.randint(*OUTPUT_TOKENS), rng)
-        priority = SPECULATIVE if rng.random() < 0.2 else CANONICAL
-        req = GenerateRequest(f"r{i}", prompt, 4096, replay_text=output, priority=priority)
-        out.append((t, i % engines, req))
-    return out
+
+    def calls() -> Iterator[tuple[float, int, GenerateRequest]]:
+        t = 0.0
+        for i in range(n):
+            t += rng.expovariate(scenario.rate * engines)
+            tokens = rng.randint(*scenario.prompt)
+            prefix, k = rng.choice(prefixes) if rng.random() < 0.8 else ("", 0)
+            if k >= tokens:
+                prefix, k = "", 0
+            prompt = prefix + corpus.text(tokens - k, rng)
+            output = corpus.text(rng.randint(*OUTPUT_TOKENS), rng)
+            priority = SPECULATIVE if rng.random() < 0.2 else CANONICAL
+            yield t, i % engines, GenerateRequest(f"r{i}", prompt, 4096, output, priority)
+
+    return calls()
 
 
 def run_one(n: int, engines: int, scenario: Scenario, seed: int, skip_ahead: bool) -> dict:
@@ -113,10 +117,18 @@ def run_one(n: int, engines: int, scenario: Scenario, seed: int, skip_ahead: boo
             await engine.start()
         done = asyncio.Event()
 
-        async def call(at: float, home: int, req: GenerateRequest) -> None:
-            await clock.sleep_until(at)
+        async def call(home: int, req: GenerateRequest) -> None:
             result = await pool[home].generate(req)
             digest.update(repr(result).encode())
+
+        async def arrive() -> None:
+            in_flight: set[asyncio.Task[None]] = set()
+            for at, home, req in load:
+                await clock.sleep_until(at)
+                task = asyncio.create_task(call(home, req))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+            await asyncio.gather(*in_flight)
 
         async def probe() -> None:
             while not done.is_set():
@@ -125,7 +137,7 @@ def run_one(n: int, engines: int, scenario: Scenario, seed: int, skip_ahead: boo
                 await clock.sleep(PROBE_S)
 
         prober = asyncio.create_task(probe())
-        await asyncio.gather(*(call(*item) for item in load))
+        await arrive()
         done.set()
         await prober
         for engine in pool:
@@ -156,12 +168,17 @@ def main() -> None:
     ap.add_argument("--engines", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--scenario", nargs="+", choices=sorted(SCENARIOS), default=sorted(SCENARIOS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--rate", type=float, help="calls per second per engine (default: the scenario's)"
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one configuration
     args = ap.parse_args()
     if args.one:
         name, engines, skip = json.loads(args.one)
-        n = args.requests * engines
-        print(json.dumps(run_one(n, engines, SCENARIOS[name], args.seed, skip)))
+        n, scenario = args.requests * engines, SCENARIOS[name]
+        if args.rate is not None:
+            scenario = dataclasses.replace(scenario, rate=args.rate)
+        print(json.dumps(run_one(n, engines, scenario, args.seed, skip)))
         return
     print(
         f"outputs {OUTPUT_TOKENS[0]:,}-{OUTPUT_TOKENS[1]:,} tokens, 80% of prompts open with "
@@ -170,6 +187,8 @@ def main() -> None:
     )
     for name in args.scenario:
         sc = SCENARIOS[name]
+        if args.rate is not None:
+            sc = dataclasses.replace(sc, rate=args.rate)
         print(f"{name}: prompts {sc.prompt[0]:,}-{sc.prompt[1]:,} tokens, {sc.rate}/s per engine")
         for engines in args.engines:
             rows = [_subprocess(args, [name, engines, skip]) for skip in (False, True)]
