@@ -23,6 +23,7 @@ from dynbranch.engines import ENGINE_KINDS, make_engine
 from dynbranch.engines.profile import (
     Profile,
     SeqWork,
+    attention_pairs,
     known_profiles,
     load_profile,
     load_profile_file,
@@ -151,6 +152,21 @@ def test_long_prefill_is_compute_bound_and_chunked() -> None:
     budget = P32.scheduler.max_num_batched_tokens
     expected = step_s(P32, [(0, budget)]) + step_s(P32, [(budget, 10_000 - budget)])
     assert run(ttft(10_000)) == pytest.approx(expected, rel=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 40_000), st.integers(1, 8192)), min_size=1, max_size=40),
+    st.sampled_from(["qwen3-32b@h200", "qwen3-8b@rtx4090", "qwen3-0.6b@h200"]),
+)
+def test_step_time_from_totals_is_the_same_float_as_step_cost(
+    work: list[tuple[int, int]], name: str
+) -> None:
+    profile = load_profile(name)
+    pairs = sum(attention_pairs(c, n) for c, n in work)
+    totals = (len(work), sum(n for _, n in work), sum(c for c, _ in work), pairs)
+    assert profile.step_time(*totals) == profile.step_cost([SeqWork(c, n) for c, n in work]).total_s
+    assert pairs == sum(n * c + n * (n + 1) // 2 for c, n in work)
 
 
 def test_profile_step_cost_matches_independent_roofline() -> None:
@@ -621,6 +637,11 @@ def test_sim_engine_passes_the_contract() -> None:
 
 def test_sim_engine_passes_the_contract_with_a_tiny_pool() -> None:
     run(check_engine_contract(SimEngine(P32, VirtualClock(), "sim-tiny", kv_blocks=8)))
+
+
+def test_sim_engine_stepping_one_by_one_passes_the_contract() -> None:
+    engine = SimEngine(P32, VirtualClock(), "sim-steps", kv_blocks=8, skip_ahead=False)
+    run(check_engine_contract(engine))
 
 
 def test_zero_engine_passes_the_contract() -> None:

@@ -15,10 +15,10 @@ functions only: no clock, no engine state.
 
 from __future__ import annotations
 
-import math
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import cached_property
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -105,6 +105,27 @@ class StepCost:
     def bound(self) -> str:
         """``"compute"`` or ``"memory"``: which roof the step hits."""
         return "compute" if self.compute_s > self.memory_s else "memory"
+
+
+@dataclass(frozen=True)
+class _StepConstants:
+    """What every step's roofline reuses, computed once per profile."""
+
+    flops_per_token: int
+    lm_head_flops: int
+    attention_flops: int
+    weight_read_bytes: int
+    kv_bytes_per_token: int
+    flops_s: float  # achieved FLOP/s
+    bytes_s: float  # achieved bytes/s
+    step_overhead_s: float
+    seq_overhead_us: float
+
+
+def attention_pairs(context_tokens: int, new_tokens: int) -> int:
+    """(query, key) pairs of one sequence's step: token i of the chunk attends to the
+    context and to chunk tokens 0..i."""
+    return new_tokens * context_tokens + new_tokens * (new_tokens + 1) // 2
 
 
 @dataclass(frozen=True)
@@ -213,21 +234,50 @@ class Profile:
             seqs += 1
             tokens += w.new_tokens
             kv_read += w.context_tokens
-            # Token i of the chunk attends to the context and to chunk tokens 0..i.
-            pairs += w.new_tokens * w.context_tokens + w.new_tokens * (w.new_tokens + 1) // 2
+            pairs += attention_pairs(w.context_tokens, w.new_tokens)
         if seqs == 0:
             return StepCost(0.0, 0.0, 0.0)
-        flops = (
-            self.flops_per_token * tokens
-            + self.lm_head_flops * seqs
-            + self.attention_flops_per_pair * pairs
+        return StepCost(*self._step_terms(seqs, tokens, kv_read, pairs))
+
+    def step_time(self, seqs: int, tokens: int, kv_read: int, pairs: int) -> float:
+        """``step_cost(work).total_s`` from the step's totals, without building ``work``.
+
+        ``seqs`` sequences compute ``tokens`` tokens, read ``kv_read`` context tokens and
+        form ``pairs`` attention pairs (:func:`attention_pairs` summed). The result is the
+        same float as :meth:`step_cost` gives (the same operations in the same order), so a
+        simulator may use either and stay bit-identical.
+        """
+        if seqs == 0:
+            return 0.0
+        compute, memory, overhead = self._step_terms(seqs, tokens, kv_read, pairs)
+        return max(compute, memory) + overhead
+
+    def _step_terms(
+        self, seqs: int, tokens: int, kv_read: int, pairs: int
+    ) -> tuple[float, float, float]:
+        k = self._step_constants
+        flops = k.flops_per_token * tokens + k.lm_head_flops * seqs + k.attention_flops * pairs
+        moved = k.weight_read_bytes + k.kv_bytes_per_token * (kv_read + tokens)
+        # NOTE: ``seqs * seq_overhead_us * 1e-6`` keeps the association it always had.
+        return (
+            flops / k.flops_s,
+            moved / k.bytes_s,
+            k.step_overhead_s + seqs * k.seq_overhead_us * 1e-6,
         )
-        moved = self.weight_read_bytes + self.kv_bytes_per_token * (kv_read + tokens)
+
+    @cached_property
+    def _step_constants(self) -> _StepConstants:
         cal = self.calibration
-        return StepCost(
-            compute_s=flops / (self.peak_flops * cal.mfu),
-            memory_s=moved / (self.bandwidth_bytes_s * cal.bandwidth_efficiency),
-            overhead_s=cal.step_overhead_ms * 1e-3 + seqs * cal.seq_overhead_us * 1e-6,
+        return _StepConstants(
+            flops_per_token=self.flops_per_token,
+            lm_head_flops=self.lm_head_flops,
+            attention_flops=self.attention_flops_per_pair,
+            weight_read_bytes=self.weight_read_bytes,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            flops_s=self.peak_flops * cal.mfu,
+            bytes_s=self.bandwidth_bytes_s * cal.bandwidth_efficiency,
+            step_overhead_s=cal.step_overhead_ms * 1e-3,
+            seq_overhead_us=cal.seq_overhead_us,
         )
 
     def with_calibration(self, **values: float) -> Profile:
@@ -395,4 +445,4 @@ def load_profile(name: str) -> Profile:
 
 def kv_blocks_for(tokens: int, block_size: int) -> int:
     """Blocks needed to hold ``tokens`` tokens of KV."""
-    return math.ceil(tokens / block_size)
+    return -(-tokens // block_size)

@@ -11,15 +11,31 @@ tokenizer gives on such text. It is a stand-in, documented as such: a real engin
 
 Token ids are stable across processes (CRC32 of the piece), so block hashes for prefix
 caching agree between runs and between engines.
+
+Agentic prompts share long prefixes (a system prompt, tool schemas, the conversation so
+far), so :func:`encode` keeps the last few long texts it encoded and reuses the pieces of
+the longest prefix a new text shares with one of them; the result is the same as encoding
+from scratch (a test checks it).
 """
 
 from __future__ import annotations
 
 import re
 import zlib
+from array import array
+from bisect import bisect_right
+from collections import deque
+from itertools import accumulate
 
 VOCAB_SIZE = 151_936  # Qwen3's vocabulary size; ids are folded into it.
 _PIECE = re.compile(r" ?[A-Za-z]{1,6}| ?\d{1,3}| ?[^\sA-Za-z\d]{1,2}|\s+")
+
+RECENT_TEXTS = 16
+"""Long texts :func:`encode` remembers, to reuse the pieces of a shared prefix."""
+MIN_CACHED_CHARS = 512
+"""Texts shorter than this are encoded from scratch and not remembered."""
+MAX_PIECE_IDS = 1 << 18
+"""Distinct pieces whose ids are remembered (the table is cleared when it fills)."""
 
 
 def pieces(text: str) -> list[str]:
@@ -30,9 +46,94 @@ def pieces(text: str) -> list[str]:
     return out
 
 
+class _PieceIds(dict[str, int]):
+    """Piece -> token id, computed on first sight."""
+
+    def __missing__(self, piece: str) -> int:
+        if len(self) >= MAX_PIECE_IDS:
+            self.clear()
+        token = self[piece] = zlib.crc32(piece.encode("utf-8")) % VOCAB_SIZE
+        return token
+
+
+class _Encoded:
+    """A remembered text: its token ids and where each piece ends."""
+
+    __slots__ = ("ends", "ids", "text")
+
+    def __init__(self, text: str, ids: array[int], ends: array[int]) -> None:
+        self.text, self.ids, self.ends = text, ids, ends
+
+
+def _shared_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (C-speed slice compares)."""
+    if a[:64] != b[:64]:
+        n = 0
+        while n < 64 and n < len(a) and n < len(b) and a[n] == b[n]:
+            n += 1
+        return n
+    limit = min(len(a), len(b))
+    lo, step = 64, 1024  # a[:lo] == b[:lo]; gallop, then bisect the mismatching span
+    while lo < limit:
+        hi = min(limit, lo + step)
+        if a[lo:hi] != b[lo:hi]:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if a[lo:mid] == b[lo:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            return lo if a[lo] != b[lo] else hi
+        lo, step = hi, step * 2
+    return limit
+
+
+class _Encoder:
+    """Encodes texts, reusing the pieces of a prefix shared with a recent text."""
+
+    def __init__(self) -> None:
+        self.ids = _PieceIds()
+        self.recent: deque[_Encoded] = deque(maxlen=RECENT_TEXTS)
+
+    def encode(self, text: str) -> list[int]:
+        if len(text) < MIN_CACHED_CHARS:
+            return list(map(self.ids.__getitem__, _PIECE.findall(text)))
+        best, shared = None, 0
+        for seen in self.recent:
+            n = _shared_prefix(seen.text, text)
+            if n > shared:
+                best, shared = seen, n
+        head_ids, head_ends, start = array("i"), array("i"), 0
+        if best is not None:
+            # NOTE: a piece is decided by its own characters and the one after it, so the
+            # pieces ending before the last shared character are this text's pieces too.
+            k = bisect_right(best.ends, shared - 2)
+            head_ids, head_ends = best.ids[:k], best.ends[:k]
+            start = head_ends[-1] if k else 0
+        tail = _PIECE.findall(text, start)
+        ids = head_ids + array("i", map(self.ids.__getitem__, tail))
+        ends = head_ends + array("i", accumulate(map(len, tail), initial=start))[1:]
+        assert (ends[-1] if ends else 0) == len(text), "the pieces cover the text"
+        self.recent.append(_Encoded(text, ids, ends))
+        return ids.tolist()
+
+
+_ENCODER = _Encoder()
+
+
 def encode(text: str) -> list[int]:
-    """Stable token ids for ``text``."""
-    return [zlib.crc32(p.encode("utf-8")) % VOCAB_SIZE for p in pieces(text)]
+    """Stable token ids for ``text`` (a prompt: its pieces are remembered for reuse)."""
+    return _ENCODER.encode(text)
+
+
+def tokenize(text: str) -> tuple[list[str], list[int]]:
+    """``pieces(text)`` and ``encode(text)`` in one pass, remembering nothing.
+
+    NOTE: for texts that are not prompts (a call's output), so they do not push the
+    prompts whose prefixes later prompts share out of the encoder's memory.
+    """
+    out = pieces(text)
+    return out, list(map(_ENCODER.ids.__getitem__, out))
 
 
 def count_tokens(text: str) -> int:

@@ -1,0 +1,81 @@
+"""The tokenizer stand-in: reusing a shared prefix's pieces gives what encoding afresh gives."""
+
+from __future__ import annotations
+
+import zlib
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dynbranch.engines import tokenizer
+from dynbranch.engines.tokenizer import (
+    MIN_CACHED_CHARS,
+    RECENT_TEXTS,
+    VOCAB_SIZE,
+    count_tokens,
+    encode,
+    pieces,
+    tokenize,
+)
+
+
+def fresh(text: str) -> list[int]:
+    """Token ids computed from scratch, the way the stand-in defines them."""
+    return [zlib.crc32(p.encode("utf-8")) % VOCAB_SIZE for p in pieces(text)]
+
+
+# Letters, digits, punctuation and whitespace runs in any mix: every piece kind and the
+# places where a piece could change with the character after it.
+fragments = st.sampled_from(
+    [
+        "a",
+        "bc",
+        "defghij",
+        " ",
+        "  ",
+        "\n",
+        "\t \n",
+        "1",
+        "234",
+        "5678",
+        ".",
+        ",;",
+        "{}",
+        '"',
+        "é",
+        "日本",
+    ]
+)
+texts = st.lists(fragments, max_size=400).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts, st.lists(st.tuples(st.integers(0, 2000), texts), min_size=1, max_size=6))
+def test_texts_sharing_prefixes_encode_as_from_scratch(base: str, variants: list) -> None:
+    base = base * (1 + MIN_CACHED_CHARS // max(1, len(base)))  # long enough to be remembered
+    for cut, tail in variants:
+        text = base[: min(cut, len(base))] + tail
+        assert encode(text) == fresh(text)
+        assert len(encode(text)) == count_tokens(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(texts)
+def test_tokenize_gives_pieces_and_ids_and_remembers_nothing(text: str) -> None:
+    remembered = list(tokenizer._ENCODER.recent)
+    assert tokenize(text * 3) == (pieces(text * 3), fresh(text * 3))
+    assert list(tokenizer._ENCODER.recent) == remembered
+
+
+def test_shared_prefix_lengths_are_exact() -> None:
+    a = "x" * 5000 + "abc" + "y" * 10
+    for b, n in [(a, len(a)), (a[:4999] + "z", 4999), ("", 0), ("xy", 1), (a + "!", len(a))]:
+        assert tokenizer._shared_prefix(a, b) == n
+        assert tokenizer._shared_prefix(b, a) == n
+
+
+def test_the_encoder_remembers_a_bounded_number_of_texts() -> None:
+    for i in range(3 * RECENT_TEXTS):
+        text = f"prompt {i} " * 200
+        assert encode(text) == fresh(text)
+    assert len(tokenizer._ENCODER.recent) == RECENT_TEXTS
