@@ -1,0 +1,394 @@
+"""Store shards that restart, and a client side that degrades to misses while they do.
+
+C1's store on Ray is a few shard actors (:mod:`dynbranch.cluster.store`). A shard that dies
+takes its records and their bytes with it; that can only cost misses, never a request or a
+stale value, if three things hold, and this module makes them hold:
+
+* **Shards restart, and a restarted shard serves nothing until it is re-synchronised.**
+  :class:`RestartableStoreActor` is created with ``max_restarts``; an instance Ray rebuilt
+  refuses every operation (:class:`ShardNotSynced`) until :meth:`ShardSet.resync` has given
+  it the version table of a live peer (every shard's table is the same by construction), so
+  it never adopts a stale version from a late record. The peers then drop what was rendered
+  from records the dead shard held (the write cascade could no longer reach it).
+* **Every call degrades.** :class:`ShardHandle` stands in for a shard's actor handle (the
+  client calls ``handle.method.remote(...)`` exactly as on an actor) and answers as a shard
+  with nothing would: a lookup misses (``LOST``) rather than wait out a restart, a drop or a
+  lose finds nothing, a put or finish stores nothing, stats are empty; a ``begin`` hands out
+  a ticket no shard holds, so the stage executes and records nothing. A mutating call waits
+  up to ``restart_deadline_s`` for the restart first (its effect matters); a shard that
+  does not come back by then, or has no restarts left, is *lost* for the run and every
+  later call degrades at once.
+* **Tickets of a dead incarnation finish nowhere.** A restarted shard's ticket ids start
+  again from 1, so the handle numbers each incarnation's tickets in a range of their own
+  and finishes on a shard only the tickets its current incarnation issued.
+
+Nothing here changes the store's semantics: a shard that answers answers as
+:class:`~dynbranch.cluster.store.StoreActor` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from dynbranch.cluster.store import StoreActor, shard_of
+from dynbranch.errors import StoreUnavailable
+from dynbranch.reuse.lookups import (
+    Invalidation,
+    JoinInFlight,
+    Miss,
+    MissReason,
+    PutOutcome,
+    PutResult,
+    Ticket,
+)
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+SHARD_RESTARTS = 4
+"""Times Ray rebuilds one shard whose process died, per run (then it is lost)."""
+
+
+class ShardNotSynced(Exception):
+    """A restarted shard asked to serve before it was re-synchronised."""
+
+
+# -- the actor --------------------------------------------------------------------------------
+
+
+def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+    async def guarded(self: RestartableStoreActor, *args: Any, **kwargs: Any) -> Any:
+        if not self.synced:
+            raise ShardNotSynced(f"shard {self.shard} restarted and is not re-synchronised")
+        return await method(self, *args, **kwargs)
+
+    guarded.__name__, guarded.__doc__ = method.__name__, method.__doc__
+    return guarded
+
+
+class RestartableStoreActor(StoreActor):
+    """A :class:`StoreActor` that knows whether Ray rebuilt it, and then waits for a resync.
+
+    Every public operation of the store actor is guarded (added on the class below), so
+    one it gains later is guarded too.
+    """
+
+    def __init__(
+        self, capacity_bytes: int, policy: str = "lru", shard: int = 0, *, tombstones: int = 4096
+    ) -> None:
+        import ray
+
+        super().__init__(capacity_bytes, policy, shard, tombstones=tombstones)
+        self.boot = uuid.uuid4().hex[:12]
+        self.synced = not ray.get_runtime_context().was_current_actor_reconstructed
+
+    async def incarnation(self) -> tuple[str, bool]:
+        """This instance's boot id and whether it serves."""
+        return self.boot, self.synced
+
+    async def versions(self) -> dict[str, str]:
+        """Every resource's current version (what a restarted peer adopts)."""
+        if not self.synced:
+            raise ShardNotSynced(f"shard {self.shard} is not synchronised itself")
+        # NOTE: the table's mapping is read directly; the version table has no public
+        # iteration, and copying it whole is the point.
+        return dict(self._store.versions._current)
+
+    async def resync(self, versions: Mapping[str, str]) -> str:
+        """Adopt a peer's versions and start serving; returns the boot id."""
+        self._store.versions.learn(versions)
+        self.synced = True
+        return self.boot
+
+    async def drop_dependents_of(self, shard: int, shards: int) -> int:
+        """Remove the records rendered from records that lived on ``shard`` (now gone), in
+        cascade; returns how many."""
+        if not self.synced:
+            raise ShardNotSynced(f"shard {self.shard} restarted and is not re-synchronised")
+        gone = {
+            name: 0 for name in list(self._store._dependents) if shard_of(name, shards) == shard
+        }
+        return len(self._store.invalidate_upstream(gone)) if gone else 0
+
+    async def pid(self) -> int:
+        """The actor's process id (fault injection kills it)."""
+        import os
+
+        return os.getpid()
+
+
+for _name, _method in list(vars(StoreActor).items()):
+    if (
+        not _name.startswith("_")
+        and asyncio.iscoroutinefunction(_method)
+        and _name not in vars(RestartableStoreActor)
+    ):
+        setattr(RestartableStoreActor, _name, _guarded(_method))
+
+
+def make_restartable_shards(
+    capacity_bytes: int, policy: str, shards: int, restarts: int = SHARD_RESTARTS
+) -> list[ActorHandle]:
+    """Start ``shards`` :class:`RestartableStoreActor` s (``capacity_bytes`` split evenly),
+    each rebuilt by Ray up to ``restarts`` times (see :func:`~dynbranch.cluster.store.make_shards`
+    on why they take no CPU and no placement group)."""
+    import ray
+
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    remote_cls = ray.remote(RestartableStoreActor)
+    per_shard = capacity_bytes // shards
+    return [
+        remote_cls.options(num_cpus=0, max_restarts=restarts, max_task_retries=0).remote(
+            per_shard, policy, i
+        )
+        for i in range(shards)
+    ]
+
+
+# -- the client side ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShardRetry:
+    """How long calls wait on a shard (wall seconds: they bound RPCs on the real clock).
+
+    ``lookup_timeout_s``: a lookup waits this long, then misses; it never waits out a restart
+    (``stats_timeout_s``: the same for the stats read at the end of a run). ``restart_deadline_s``: a mutating call keeps retrying a restarting
+    shard this long, then the shard is lost for the run. ``backoff_s``: first pause between
+    retries (doubling, at most one second).
+    """
+
+    lookup_timeout_s: float = 1.0
+    stats_timeout_s: float = 10.0
+    restart_deadline_s: float = 30.0
+    backoff_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not all(math.isfinite(v) and v > 0 for v in vars(self).values()):
+            raise ValueError(f"ShardRetry values must be finite and > 0: {vars(self)}")
+
+
+EPOCH_IDS = 1 << 40
+"""Ticket ids one shard incarnation may issue before the next incarnation's range."""
+_READS = frozenset({"lookup", "stats", "held_objects"})
+"""Calls that change nothing a caller depends on: they may time out and be abandoned."""
+_orphans = itertools.count(1)
+
+
+def _degraded(method: str, args: tuple[Any, ...]) -> Any:
+    """What a shard that holds nothing answers ``method``; raises when there is no such
+    answer (a call added to the store that this module does not know)."""
+    if method == "lookup":
+        return Miss(MissReason.LOST)
+    if method in ("promote", "finish"):
+        return None
+    if method in ("drop", "lose"):
+        return False
+    if method == "put":
+        return PutResult(PutOutcome.NO_ROOM)  # NOTE: not stored; nothing else said
+    if method in ("stats", "held_objects", "observe_reads", "invalidate_upstream"):
+        return {}
+    if method == "write":
+        return Invalidation(args[0], False, ())
+    if method == "begin":
+        name, key_bytes, request_id = args[:3]
+        # NOTE: negative ids are no shard's: the stage executes, records nothing, and a
+        # joiner can never be handed this ticket.
+        return Ticket(-next(_orphans), name, key_bytes, request_id, registered=False)
+    raise KeyError(method)
+
+
+class ShardSet:
+    """The fault-tolerant handles of one run's store shards (see the module doc)."""
+
+    def __init__(self, actors: Sequence[ActorHandle], retry: ShardRetry | None = None) -> None:
+        self.actors = list(actors)
+        self.retry = retry or ShardRetry()
+        self.handles = [ShardHandle(self, i) for i in range(len(self.actors))]
+        self._lost: set[int] = set()
+        self._resyncing: dict[int, asyncio.Task] = {}
+        self._epoch = [0] * len(self.actors)  # resyncs of each shard so far
+        self.counts = dict.fromkeys(
+            (
+                "degraded",
+                "retries",
+                "resyncs",
+                "dependents_dropped",
+                "lost_shards",
+                "stale_tickets",
+            ),
+            0,
+        )
+
+    async def call(self, shard: int, method: str, args: tuple[Any, ...]) -> Any:
+        """``method(*args)`` on shard ``shard``, retried through a restart, else degraded."""
+        if method == "finish":
+            local = self._local_ticket(shard, args[0])
+            if local is None:
+                return None
+            args = (local, *args[1:])
+        if shard in self._lost:
+            return self._degrade(method, args, None)
+        try:
+            got = await self._attempts(shard, method, args)
+        except _GiveUp as e:
+            return self._degrade(method, args, e)
+        return self._tag(shard, got)
+
+    def _tag(self, shard: int, got: Any) -> Any:
+        """A ticket id unique across the shard's incarnations (their own ids start again)."""
+        if isinstance(got, (Ticket, JoinInFlight)) and got.ticket_id > 0:
+            return replace(got, ticket_id=got.ticket_id + self._epoch[shard] * EPOCH_IDS)
+        return got
+
+    def _local_ticket(self, shard: int, ticket: Ticket) -> Ticket | None:
+        """The shard's own ticket, or ``None`` when no live incarnation issued it."""
+        if ticket.ticket_id < 0:
+            return None  # a degraded begin's: no shard holds it
+        epoch, local = divmod(ticket.ticket_id, EPOCH_IDS)
+        if epoch != self._epoch[shard]:
+            self.counts["stale_tickets"] += 1
+            return None
+        return replace(ticket, ticket_id=local)
+
+    async def _attempts(self, shard: int, method: str, args: tuple[Any, ...]) -> Any:
+        """The shard's answer; :class:`_GiveUp` when there will be none worth waiting for."""
+        retry, read = self.retry, method in _READS
+        deadline = time.monotonic() + retry.restart_deadline_s
+        pause = retry.backoff_s
+        while True:
+            failure = await self._attempt(shard, method, args, deadline)
+            if not isinstance(failure, _Failure):
+                return failure
+            if failure.final or read:
+                if failure.final:
+                    self._lose(shard)
+                raise _GiveUp(failure.why)
+            if failure.unsynced:
+                await self._resync(shard)  # raises _GiveUp when it cannot be done
+                continue
+            if time.monotonic() + pause >= deadline:
+                self._lose(shard)
+                raise _GiveUp(f"not back within {retry.restart_deadline_s:g}s ({failure.why})")
+            self.counts["retries"] += 1
+            await asyncio.sleep(pause)
+            pause = min(1.0, pause * 2)
+
+    async def _attempt(
+        self, shard: int, method: str, args: tuple[Any, ...], deadline: float
+    ) -> Any:
+        """One try: the answer, or a :class:`_Failure` saying what went wrong."""
+        from ray.exceptions import ActorDiedError, RayActorError
+
+        ref = getattr(self.actors[shard], method).remote(*args)
+        if method == "lookup":
+            timeout = self.retry.lookup_timeout_s
+        elif method in _READS:
+            timeout = self.retry.stats_timeout_s
+        else:
+            timeout = max(1e-3, deadline - time.monotonic())
+        try:
+            return await asyncio.wait_for(ref, timeout)
+        except ShardNotSynced:
+            return _Failure("restarted", unsynced=True)
+        except ActorDiedError as e:  # NOTE: no restarts left: it will not come back
+            return _Failure(f"died for good: {type(e).__name__}", final=True)
+        except (RayActorError, TimeoutError) as e:
+            return _Failure(type(e).__name__)
+
+    async def _resync(self, shard: int) -> None:
+        """Re-synchronise restarted shard ``shard`` (once, whoever asks first); raises
+        :class:`_GiveUp` (and the shard is lost) when that cannot be done."""
+        task = self._resyncing.get(shard)
+        if task is None or task.done():
+            task = asyncio.get_running_loop().create_task(self._do_resync(shard))
+            self._resyncing[shard] = task
+        try:
+            await asyncio.shield(task)
+        except _GiveUp:
+            raise
+        except Exception as e:  # NOTE: it died again mid-resync, or will not answer
+            self._lose(shard)
+            raise _GiveUp(f"resync failed: {type(e).__name__}: {e}") from None
+
+    async def _do_resync(self, shard: int) -> None:
+        peers = [i for i in range(len(self.actors)) if i != shard and i not in self._lost]
+        versions = None
+        for peer in peers:
+            try:
+                versions = await asyncio.wait_for(
+                    self.actors[peer].versions.remote(), self.retry.lookup_timeout_s * 5
+                )
+                break
+            except Exception:  # NOTE: that peer is down too; try the next
+                continue
+        if versions is None:
+            # NOTE: nobody to copy versions from: serving would risk a stale version.
+            self._lose(shard)
+            raise _GiveUp(f"shard {shard} restarted and no live peer can re-synchronise it")
+        await asyncio.wait_for(
+            self.actors[shard].resync.remote(versions), self.retry.restart_deadline_s
+        )
+        self._epoch[shard] += 1
+        self.counts["resyncs"] += 1
+        dropped = await asyncio.gather(
+            *(self.actors[p].drop_dependents_of.remote(shard, len(self.actors)) for p in peers),
+            return_exceptions=True,
+        )
+        self.counts["dependents_dropped"] += sum(d for d in dropped if isinstance(d, int))
+
+    def _lose(self, shard: int) -> None:
+        if shard not in self._lost:
+            self._lost.add(shard)
+            self.counts["lost_shards"] += 1
+
+    def _degrade(self, method: str, args: tuple[Any, ...], error: Exception | None) -> Any:
+        self.counts["degraded"] += 1
+        try:
+            return _degraded(method, args)
+        except KeyError:
+            raise StoreUnavailable(-1, method, str(error or "shard lost")) from None
+
+
+class _GiveUp(Exception):
+    """A shard call that will not be answered: degrade it."""
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Why one attempt got no answer: ``unsynced`` (a restarted shard waiting for its
+    resync), ``final`` (it will never answer again), or neither (down, restarting, slow)."""
+
+    why: str
+    unsynced: bool = False
+    final: bool = False
+
+
+class ShardHandle:
+    """Stands in for one shard's actor handle: ``handle.method.remote(*args)`` is awaitable
+    and goes through :meth:`ShardSet.call`."""
+
+    def __init__(self, shards: ShardSet, index: int) -> None:
+        self._shards, self.index = shards, index
+
+    def __getattr__(self, method: str) -> _Method:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return _Method(self._shards, self.index, method)
+
+
+class _Method:
+    def __init__(self, shards: ShardSet, index: int, method: str) -> None:
+        self._shards, self._index, self._method = shards, index, method
+
+    def remote(self, *args: Any) -> Any:
+        """The call as a coroutine (the store client awaits it or gathers it)."""
+        return self._shards.call(self._index, self._method, args)

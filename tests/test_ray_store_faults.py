@@ -1,0 +1,158 @@
+"""C1's store shards on Ray die and come back: a dead shard costs misses, never an error or a
+stale value (:mod:`dynbranch.cluster.store_faults`)."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from dynbranch.reuse import Hit, Miss, MissReason, Provenance, PutOutcome, Record, ReuseKey, Ticket
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+from dynbranch.cluster.store import RayStoreClient, shard_of  # noqa: E402
+from dynbranch.cluster.store_faults import (  # noqa: E402
+    ShardRetry,
+    ShardSet,
+    make_restartable_shards,
+)
+
+SHARDS = 2
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    yield
+    ray.shutdown()
+
+
+def key(i: int) -> ReuseKey:
+    return ReuseKey("fp", {"i": i}, "m", "r", {}, None, "t")
+
+
+def rec(i: int, *, reads=None, upstream=()) -> Record:
+    return Record.create(
+        key(i),
+        f"v{i}",
+        read_set=reads or {},
+        provenance=Provenance(f"req-{i}", 0.0, "e0", "c1", tuple(upstream)),
+    )
+
+
+def on_shard(shard: int, start: int = 0) -> int:
+    i = start
+    while shard_of(rec(i).name, SHARDS) != shard:
+        i += 1
+    return i
+
+
+async def look(client, r):
+    return await client.lookup(r.name, r.key_bytes, 1.0)
+
+
+async def crash(actor) -> None:
+    """Kill the shard's process (a crash: Ray restarts the actor)."""
+    os.kill(await actor.pid.remote(), signal.SIGKILL)
+
+
+async def until(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.2)
+
+
+def test_a_crashed_shard_reads_as_misses_restarts_and_serves_again(local_ray):
+    async def main():
+        actors = make_restartable_shards(1 << 30, "lru", SHARDS)
+        shards = ShardSet(actors, ShardRetry(lookup_timeout_s=0.5, restart_deadline_s=60))
+        client = RayStoreClient(shards.handles)
+        a, b = rec(on_shard(0), reads={"res": "v1"}), rec(on_shard(1))
+        # upstream on shard 0, dependent on shard 1: the cascade can no longer reach it
+        child = rec(on_shard(1, on_shard(1) + 1), upstream=(a.name,))
+        for r in (a, b, child):
+            assert (await client.put(r, 0.0)).stored
+        boot, _ = await actors[0].incarnation.remote()
+        await crash(actors[0])
+        during = await look(client, a)  # never an error, whatever the shard is doing
+        assert isinstance(during, Miss) and during.reason is MissReason.LOST
+        assert isinstance(await look(client, b), Hit)
+        # a write while shard 0 restarts reaches it once it is back (and re-synchronised)
+        await client.write("res", "v2", 1.0)
+        again, synced = await actors[0].incarnation.remote()
+        assert again != boot and synced
+        after = await look(client, a)
+        assert isinstance(after, Miss) and after.reason is MissReason.ABSENT
+        # the record rendered from the lost shard's record is gone too
+        assert isinstance(await look(client, child), Miss)
+        # the restarted shard holds the current version: a late record that read v1 is stale
+        stale = await client.put(a, 2.0)
+        assert stale.outcome is PutOutcome.STALE
+        fresh = rec(on_shard(0), reads={"res": "v2"})
+        assert (await client.put(fresh, 2.0)).stored and isinstance(await look(client, fresh), Hit)
+        return shards.counts
+
+    counts = asyncio.run(main())
+    assert counts["resyncs"] == 1 and counts["lost_shards"] == 0
+    assert counts["dependents_dropped"] == 1 and counts["degraded"] >= 1
+
+
+def test_a_ticket_of_a_dead_incarnation_finishes_nowhere(local_ray):
+    async def main():
+        actors = make_restartable_shards(1 << 30, "lru", SHARDS)
+        shards = ShardSet(actors, ShardRetry(lookup_timeout_s=0.5, restart_deadline_s=60))
+        client = RayStoreClient(shards.handles)
+        r = rec(on_shard(0))
+        old = await client.begin(r.name, r.key_bytes, "req-0")
+        assert isinstance(old, Ticket)
+        await crash(actors[0])
+        other = rec(on_shard(0, on_shard(0) + 1))
+        new = await client.begin(other.name, other.key_bytes, "req-1")  # waits for the restart
+        # the restarted shard's ids start again; the client still tells the two apart
+        assert isinstance(new, Ticket) and new.ticket_id != old.ticket_id
+        assert await client.finish(old, r, 1.0) is None  # not the new incarnation's ticket
+        done = await client.finish(new, other, 1.0)
+        assert done is not None and done.stored and isinstance(await look(client, other), Hit)
+        stats = await client.stats()
+        return shards.counts, stats
+
+    counts, stats = asyncio.run(main())
+    assert counts["stale_tickets"] == 1 and stats["in_flight"] == 0
+
+
+def test_a_shard_that_never_comes_back_degrades_every_call(local_ray):
+    async def main():
+        actors = make_restartable_shards(1 << 30, "lru", SHARDS)
+        shards = ShardSet(actors, ShardRetry(lookup_timeout_s=0.5, restart_deadline_s=5))
+        client = RayStoreClient(shards.handles)
+        r = rec(on_shard(0))
+        ray.kill(actors[0], no_restart=True)
+        await until(lambda: _dead(actors[0]))
+        put = await client.put(r, 0.0)
+        ticket = await client.begin(r.name, r.key_bytes, "req")
+        finished = await client.finish(ticket, r, 1.0)
+        return shards.counts, put, ticket, finished, await look(client, r), await client.stats()
+
+    counts, put, ticket, finished, got, stats = asyncio.run(main())
+    assert counts["lost_shards"] == 1
+    assert not put.stored and ticket.ticket_id < 0 and finished is None
+    assert isinstance(got, Miss) and got.reason is MissReason.LOST
+    assert stats["shards"] == 2 and stats["in_flight"] == 0 and stats["records_held"] == 0
+
+
+async def _dead(actor) -> bool:
+    try:
+        await asyncio.wait_for(actor.incarnation.remote(), 2.0)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
