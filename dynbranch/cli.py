@@ -69,7 +69,17 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
                         "decision, or the recorded decision alone (real engines generate)")
     p.add_argument("--data-dir", default=None,
                    help="data directory (else $DYNBRANCH_DATA, else ../shared/data)")
-    p.add_argument("--out", default="runs/replay", help="result directory")
+    p.add_argument("--max-inflight", type=int, default=None,
+                   help="admission control: reject a request arriving while this many are in "
+                        "flight (a typed 'rejected' outcome); default: unbounded")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="cancel a request not done this many seconds after its scheduled "
+                        "arrival (a typed 'deadline' outcome); default: none")
+    p.add_argument("--tenants", type=int, default=1,
+                   help="spread the requests over this many tenants (set by the serving side, "
+                        "by arrival order): reuse never crosses tenants")
+    p.add_argument("--out", default="runs/replay",
+                   help="result directory: a path or a filesystem URI (file://, s3://, gs://)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or report")
 
 
@@ -165,15 +175,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
         model=args.model, backend=args.backend, clock=args.clock, rate=args.rate,
         requests=args.requests, seed=args.seed, workers=args.workers, fanout=args.fanout,
         arrival=args.arrival, cv=args.cv, split=args.split, tool_time=args.tool_time,
-        decode_lengths=args.decode_lengths,
-        out=Path(args.out), data_dir=args.data_dir, address=args.address,
+        decode_lengths=args.decode_lengths, data_dir=args.data_dir, address=args.address,
         predictor=args.predictor, drafter_profile=args.drafter_profile,
         drafter_model=args.drafter_model, drafter_workers=args.drafter_workers,
         drafter_samples=args.drafter_samples, depth=args.depth, gate=args.gate,
         p_star=args.p_star, store_mb=args.store_mb, eviction=args.eviction,
-        progress=not args.quiet)
+        max_inflight=args.max_inflight, deadline_s=args.deadline_s, tenants=args.tenants,
+        out=args.out, progress=not args.quiet)
     progress = print if not args.quiet else (lambda _msg: None)
     result = run_replay(prepare(cfg, progress))
+    if result.summary.get("interrupted"):
+        s = result.summary
+        print(f"dynbranch: interrupted by {s['interrupted_by']}: {s['completed']} requests "
+              f"completed, {s['interrupted_requests']} cut short, {s['not_started']} never "
+              f"started; partial results in {cfg.out}/", file=sys.stderr)
+        return 130
     if not args.quiet:
         print(f"results in {cfg.out}/ (summary.json, requests.parquet, stages.parquet, "
               f"branches.parquet, latency_cdf.png)")

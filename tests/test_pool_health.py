@@ -36,8 +36,19 @@ class FakeEngine(EngineClient):
         if self.dead:
             raise EngineDied(self.engine_id, request.request_id, "actor died mid-call")
         now = self.clock.now()
-        return GenerateResult(request.request_id, f"out:{self.engine_id}", 3, 2, 0, "stop",
-                              start, start, now, now, engine_id=self.engine_id)
+        return GenerateResult(
+            request.request_id,
+            f"out:{self.engine_id}",
+            3,
+            2,
+            0,
+            "stop",
+            start,
+            start,
+            now,
+            now,
+            engine_id=self.engine_id,
+        )
 
     async def abort(self, request_id: str) -> bool:
         self.aborted.append(request_id)
@@ -46,22 +57,31 @@ class FakeEngine(EngineClient):
     async def load(self) -> LoadSnapshot:
         if self.dead:
             raise EngineDied(self.engine_id, "load", "actor died")
-        return LoadSnapshot(self.engine_id, self.clock.now(), running=2, waiting=0,
-                            kv_blocks_used=1, kv_blocks_total=10, spec_running=1)
+        return LoadSnapshot(
+            self.engine_id,
+            self.clock.now(),
+            running=2,
+            waiting=0,
+            kv_blocks_used=1,
+            kv_blocks_total=10,
+            spec_running=1,
+        )
 
     async def health(self) -> bool:
         return not (self.dead or self.hung)
 
 
 def req(i: int, *, greedy: bool = True, replay: str | None = None) -> GenerateRequest:
-    return GenerateRequest(f"r{i}", "hello", 8, replay_text=replay,
-                           temperature=0.0 if greedy else 0.7)
+    return GenerateRequest(
+        f"r{i}", "hello", 8, replay_text=replay, temperature=0.0 if greedy else 0.7
+    )
 
 
 def pool_of(n: int, clock, **health) -> tuple[EnginePool, list[FakeEngine]]:
     engines = [FakeEngine(f"e{i}", clock) for i in range(n)]
-    pool = EnginePool({"target": engines}, LeastOutstanding, clock=clock,
-                      health=HealthPolicy(**health))
+    pool = EnginePool(
+        {"target": engines}, LeastOutstanding, clock=clock, health=HealthPolicy(**health)
+    )
     return pool, engines
 
 

@@ -24,8 +24,14 @@ from dynbranch.cluster import ENGINE_RESOURCE, RayBackend  # noqa: E402
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, resources={ENGINE_RESOURCE: 4},
-             include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        resources={ENGINE_RESOURCE: 4},
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     yield
     ray.shutdown()
 
@@ -50,8 +56,9 @@ def test_requests_survive_an_engine_crash_and_the_engine_comes_back(local_ray):
                 if not orch.pool.down():
                     break
                 await asyncio.sleep(0.25)
-            back = await orch.pool.generate("target", GenerateRequest("after", "hi", 4,
-                                                                       replay_text="ok"))
+            back = await orch.pool.generate(
+                "target", GenerateRequest("after", "hi", 4, replay_text="ok")
+            )
             await orch.pool.close()
             return records, deaths, orch.pool, back
         finally:
