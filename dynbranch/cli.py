@@ -113,7 +113,8 @@ def _experiment_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("experiment", help="reproduce one table or figure of the paper")
     p.add_argument("name", help="table1 | table2 | fig5a | fig5b | ... (DESIGN.md §5)")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None,
+                   help="result directory: a path or a filesystem URI (file://, s3://, gs://)")
 
 
 def _model_parser(sub: argparse._SubParsersAction) -> None:
@@ -237,15 +238,18 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
+    from dynbranch.outdir import OutDir
     from experiments import default_out, get_experiment
-    from experiments.common import write_experiment
+    from experiments.common import staged, write_experiment
 
     run = get_experiment(args.name)
-    out = Path(args.out) if args.out else default_out(args.name)
-    experiment = run(quick=args.quick, out=out)
-    write_experiment(experiment, out)
+    dest = OutDir.parse(args.out if args.out else default_out(args.name))
+    dest.check()  # NOTE: before the experiment runs, not after
+    with staged(dest) as out:
+        experiment = run(quick=args.quick, out=out)
+        write_experiment(experiment, out)
     print(experiment.report)
-    print(f"results in {out}/ (results.parquet, summary.json, report.md, "
+    print(f"results in {dest}/ (results.parquet, summary.json, report.md, "
           f"{', '.join(experiment.plots) or 'no plots'})")
     return 0
 

@@ -156,3 +156,30 @@ async def _dead(actor) -> bool:
     except ray.exceptions.RayActorError:
         return True
     return False
+
+
+def test_a_cancelled_begin_still_hands_its_ticket_to_the_caller_s_cleanup(local_ray):
+    async def main():
+        shards = ShardSet(make_restartable_shards(1 << 30, "lru", SHARDS))
+        client = RayStoreClient(shards.handles)
+        r = rec(on_shard(0))
+        seen = []
+
+        async def holder():
+            ticket = await client.begin(r.name, r.key_bytes, "req")
+            seen.append(ticket)
+            try:
+                await asyncio.sleep(30)  # the cancellation is delivered here
+            except asyncio.CancelledError:
+                await client.finish(ticket, None, 1.0)
+                raise
+
+        task = asyncio.ensure_future(holder())
+        await asyncio.sleep(0)  # the begin is under way
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen, await client.stats()
+
+    seen, stats = asyncio.run(main())
+    assert len(seen) == 1 and isinstance(seen[0], Ticket) and stats["in_flight"] == 0

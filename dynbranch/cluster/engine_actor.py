@@ -94,6 +94,12 @@ class EngineActor:
         """The actor's process id (fault injection kills it to crash the actor)."""
         return os.getpid()
 
+    async def node(self) -> str:
+        """The id of the Ray node the actor runs on (where placement put it)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     async def shutdown(self) -> None:
         if self._engine is not None:
             await self._engine.shutdown()

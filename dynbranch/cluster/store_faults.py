@@ -374,7 +374,15 @@ class _Failure:
 
 class ShardHandle:
     """Stands in for one shard's actor handle: ``handle.method.remote(*args)`` is awaitable
-    and goes through :meth:`ShardSet.call`."""
+    and goes through :meth:`ShardSet.call`.
+
+    As on an actor handle, a call is under way the moment ``remote`` returns, whatever its
+    caller does next: a caller cancelled before it awaits (a gather cancelled before its
+    children ran) or while it waits does not stop a write from reaching the shard. A
+    cancelled ``begin`` still returns its ticket (and the cancellation is delivered at the
+    caller's next await), so the caller's own cleanup finishes it and wakes whoever joined
+    it; a ticket dropped here would leave its joiners waiting for good.
+    """
 
     def __init__(self, shards: ShardSet, index: int) -> None:
         self._shards, self.index = shards, index
@@ -390,5 +398,29 @@ class _Method:
         self._shards, self._index, self._method = shards, index, method
 
     def remote(self, *args: Any) -> Any:
-        """The call as a coroutine (the store client awaits it or gathers it)."""
-        return self._shards.call(self._index, self._method, args)
+        """The call, started now, as an awaitable (see :class:`ShardHandle`)."""
+        task = asyncio.ensure_future(self._shards.call(self._index, self._method, args))
+        if self._method in _READS:
+            return task  # NOTE: a read nobody waits for may simply stop
+        if self._method == "begin":
+            return _handed_over(task)
+        return asyncio.shield(task)
+
+
+async def _handed_over(task: asyncio.Future) -> Any:
+    """``task``'s result even if the caller is cancelled meanwhile; the cancellation is then
+    re-delivered at the caller's next await."""
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+    if cancelled:
+        me = asyncio.current_task()
+        if me is not None:
+            me.cancel()
+    return result
