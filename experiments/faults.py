@@ -43,9 +43,23 @@ from experiments.fault_inject import FaultSpec
 from experiments.malformed import malformed_row
 
 ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = ("fault", "requests", "completed", "failed", "lost", "hung", "untyped",
-           "unsafe_splices", "rejected", "deadline", "interrupted", "not_started",
-           "p99_latency_s", "failures_by_type", "notes")
+COLUMNS = (
+    "fault",
+    "requests",
+    "completed",
+    "failed",
+    "lost",
+    "hung",
+    "untyped",
+    "unsafe_splices",
+    "rejected",
+    "deadline",
+    "interrupted",
+    "not_started",
+    "p99_latency_s",
+    "failures_by_type",
+    "notes",
+)
 CAPACITY_RPS = 14.0
 """What four simulated Qwen3-32B/H200 engines drain on Routing (floor), measured by
 ``scripts/bench_overload.py`` (a burst of 600 requests: 14.01 req/s)."""
@@ -57,15 +71,31 @@ def run(quick: bool, out: Path) -> Experiment:
     base = {"workload": "routing", "arm": "full", "workers": 4, "requests": n, "rate": rate}
     kill_at = 0.3 * n / rate
     scenarios: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-        ("engine-kill", lambda: _ray(out, "engine-kill", FaultSpec(
-            str(out / "engine-kill"), "engine", kill_at, 1, base))),
-        ("gate-kill", lambda: _ray(out, "gate-kill", FaultSpec(
-            str(out / "gate-kill"), "gate", kill_at, 0, base))),
-        ("store-kill", lambda: _ray(out, "store-kill", FaultSpec(
-            str(out / "store-kill"), "store", kill_at, 0, base))),
+        (
+            "engine-kill",
+            lambda: _ray(
+                out, "engine-kill", FaultSpec(str(out / "engine-kill"), "engine", kill_at, 1, base)
+            ),
+        ),
+        (
+            "gate-kill",
+            lambda: _ray(
+                out, "gate-kill", FaultSpec(str(out / "gate-kill"), "gate", kill_at, 0, base)
+            ),
+        ),
+        (
+            "store-kill",
+            lambda: _ray(
+                out, "store-kill", FaultSpec(str(out / "store-kill"), "store", kill_at, 0, base)
+            ),
+        ),
         ("sigint", lambda: _sigint(out / "sigint", base, kill_at)),
-        ("overload", lambda: _ray(out, "overload", FaultSpec(
-            str(out / "overload"), "none", 0.0, 0, _overload(quick)))),
+        (
+            "overload",
+            lambda: _ray(
+                out, "overload", FaultSpec(str(out / "overload"), "none", 0.0, 0, _overload(quick))
+            ),
+        ),
         ("malformed-data", lambda: malformed_row(out / "malformed")),
     ]
     rows = []
@@ -77,8 +107,15 @@ def run(quick: bool, out: Path) -> Experiment:
 
 def _overload(quick: bool) -> dict[str, Any]:
     n = 150 if quick else 600
-    return {"workload": "routing", "arm": "floor", "workers": 4, "requests": n,
-            "rate": round(3 * CAPACITY_RPS, 2), "max_inflight": 16, "deadline_s": 20.0}
+    return {
+        "workload": "routing",
+        "arm": "floor",
+        "workers": 4,
+        "requests": n,
+        "rate": round(3 * CAPACITY_RPS, 2),
+        "max_inflight": 16,
+        "deadline_s": 20.0,
+    }
 
 
 def _timeout(replay: Mapping[str, Any]) -> float:
@@ -87,9 +124,14 @@ def _timeout(replay: Mapping[str, Any]) -> float:
 
 
 def _ray(out: Path, name: str, spec: FaultSpec) -> dict[str, Any]:
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.fault_inject",
-                             json.dumps(asdict(spec))], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.fault_inject", json.dumps(asdict(spec))],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     started = time.monotonic()
     timed_out = False
     try:
@@ -103,16 +145,35 @@ def _ray(out: Path, name: str, spec: FaultSpec) -> dict[str, Any]:
     notes = _notes(Path(spec.out), injected)
     if proc.returncode not in (0, None) and not timed_out:
         notes["exit"] = f"{proc.returncode}: {stderr.strip().splitlines()[-1:]}"
-    return {**row, "wall_s": round(time.monotonic() - started, 1),
-            "notes": json.dumps(notes, sort_keys=True)}
+    return {
+        **row,
+        "wall_s": round(time.monotonic() - started, 1),
+        "notes": json.dumps(notes, sort_keys=True),
+    }
 
 
 def _sigint(out: Path, replay: Mapping[str, Any], after_s: float) -> dict[str, Any]:
     """The replay command gets SIGINT ``after_s`` seconds after its first streamed shard."""
-    cmd = [sys.executable, "-m", "dynbranch", "replay", "--backend", "ray", "--quiet",
-           "--out", str(out), *(f"--{k.replace('_', '-')}={v}" for k, v in replay.items())]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "dynbranch",
+        "replay",
+        "--backend",
+        "ray",
+        "--quiet",
+        "--out",
+        str(out),
+        *(f"--{k.replace('_', '-')}={v}" for k, v in replay.items()),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     started, deadline = time.monotonic(), time.monotonic() + _timeout(replay)
     while time.monotonic() < deadline and proc.poll() is None:
         if list((out / PARTS).glob("requests-*.jsonl")):
@@ -129,10 +190,16 @@ def _sigint(out: Path, replay: Mapping[str, Any], after_s: float) -> dict[str, A
         _stdout, stderr = proc.communicate()
     row = _row(out, replay["requests"], timed_out)
     readable = (out / "summary.json").is_file() and _readable(out / "requests.parquet")
-    notes = {"exit": proc.returncode, "partial_result_readable": readable,
-             "message": stderr.strip().splitlines()[-1:] if stderr else []}
-    return {**row, "wall_s": round(time.monotonic() - started, 1),
-            "notes": json.dumps(notes, sort_keys=True)}
+    notes = {
+        "exit": proc.returncode,
+        "partial_result_readable": readable,
+        "message": stderr.strip().splitlines()[-1:] if stderr else [],
+    }
+    return {
+        **row,
+        "wall_s": round(time.monotonic() - started, 1),
+        "notes": json.dumps(notes, sort_keys=True),
+    }
 
 
 def _readable(path: Path) -> bool:
@@ -170,8 +237,7 @@ def _row(out: Path, expected: int, timed_out: bool) -> dict[str, Any]:
         "untyped": int(sum(1 for e in bad["error_type"] if e not in typed)) if ended else 0,
         "unsafe_splices": summary.get("unsafe_splices"),
         "p99_latency_s": summary.get("p99_latency_s"),
-        "failures_by_type": json.dumps({str(k): int(v) for k, v in errors.items()},
-                                       sort_keys=True),
+        "failures_by_type": json.dumps({str(k): int(v) for k, v in errors.items()}, sort_keys=True),
     }
 
 
@@ -179,8 +245,11 @@ def _notes(out: Path, injected: Mapping[str, Any]) -> dict[str, Any]:
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     engines = summary.get("engines", {})
-    notes: dict[str, Any] = {k: engines[k] for k in ("engine_deaths", "retried", "recovered",
-                                                      "abandoned") if k in engines}
+    notes: dict[str, Any] = {
+        k: engines[k]
+        for k in ("engine_deaths", "retried", "recovered", "abandoned")
+        if k in engines
+    }
     shard_sets = injected.get("shard_sets") or []
     for key in ("resyncs", "degraded", "lost_shards"):
         total = sum(s.get(key, 0) for s in shard_sets)
@@ -209,6 +278,8 @@ def _report(rows: list[dict[str, Any]], quick: bool) -> str:
     table = markdown_table(rows, COLUMNS[:-1])
     notes = "\n".join(f"- **{r['fault']}**: {r['notes']}" for r in rows)
     size = "quick" if quick else "full"
-    return (f"# Fault battery ({size})\n\nOne fault per run on the Ray backend (Routing; see "
-            f"`experiments/faults.py` for each scenario). Every scenario must lose, hang and "
-            f"leave untyped nothing.\n\n{table}\n\nWhat the stack did about it:\n\n{notes}\n")
+    return (
+        f"# Fault battery ({size})\n\nOne fault per run on the Ray backend (Routing; see "
+        f"`experiments/faults.py` for each scenario). Every scenario must lose, hang and "
+        f"leave untyped nothing.\n\n{table}\n\nWhat the stack did about it:\n\n{notes}\n"
+    )

@@ -50,11 +50,9 @@ VARIANTS: dict[str, tuple[str, str, str, Callable[[Path], None]]] = {
     # name: (workload, data set copied, file corrupted, corruption)
     "routing/renamed-field": ("routing", "bfcl", "BFCL_v4_multiple.json", _rename_field),
     "routing/truncated-file": ("routing", "bfcl", "BFCL_v4_multi_turn_base.json", _truncate),
-    "routing/empty-answers": ("routing", "bfcl", "possible_answer/BFCL_v4_multiple.json",
-                              _empty),
+    "routing/empty-answers": ("routing", "bfcl", "possible_answer/BFCL_v4_multiple.json", _empty),
     "react/bad-json-line": ("react", "musique", "dev_200_full.jsonl", _bad_line),
-    "react/truncated-corpus": ("react", "musique", "dev_200_paragraph_corpus.jsonl",
-                               _truncate),
+    "react/truncated-corpus": ("react", "musique", "dev_200_paragraph_corpus.jsonl", _truncate),
     "subagent/truncated": ("subagent", "musique", "dev_2417_decompositions.json", _truncate),
     "hci/bad-json": ("hci", "sgd", "", _truncate),
 }
@@ -89,9 +87,14 @@ def run_variant(name: str, out: Path) -> dict[str, Any]:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     lines = proc.stderr.strip().splitlines()
     typed = proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("dynbranch: error:")
-    return {"variant": name, "exit": proc.returncode, "typed": typed,
-            "error_type": proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "",
-            "started": (out / "run").exists(), "message": lines[-1][:240] if lines else ""}
+    return {
+        "variant": name,
+        "exit": proc.returncode,
+        "typed": typed,
+        "error_type": proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "",
+        "started": (out / "run").exists(),
+        "message": lines[-1][:240] if lines else "",
+    }
 
 
 # NOTE: the replay command with one addition the CLI does not have: the BFCL root of the
@@ -126,8 +129,19 @@ def malformed_row(out: Path) -> dict[str, Any]:
     errors: dict[str, int] = {}
     for r in typed:
         errors[r["error_type"]] = errors.get(r["error_type"], 0) + 1
-    return {"requests": len(results), "completed": 0, "failed": len(typed), "rejected": 0,
-            "deadline": 0, "interrupted": 0, "not_started": 0, "lost": 0, "hung": 0,
-            "untyped": len(results) - len(typed), "unsafe_splices": 0, "p99_latency_s": None,
-            "failures_by_type": json.dumps(errors, sort_keys=True),
-            "notes": json.dumps({r["variant"]: r["message"] for r in results})}
+    return {
+        "requests": len(results),
+        "completed": 0,
+        "failed": len(typed),
+        "rejected": 0,
+        "deadline": 0,
+        "interrupted": 0,
+        "not_started": 0,
+        "lost": 0,
+        "hung": 0,
+        "untyped": len(results) - len(typed),
+        "unsafe_splices": 0,
+        "p99_latency_s": None,
+        "failures_by_type": json.dumps(errors, sort_keys=True),
+        "notes": json.dumps({r["variant"]: r["message"] for r in results}),
+    }

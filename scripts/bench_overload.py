@@ -20,8 +20,9 @@ from dynbranch.driver import ReplayConfig, prepare, run_replay
 
 
 def replay(out: Path, **kw) -> dict:
-    cfg = ReplayConfig(workload="routing", backend="local", clock="virtual", progress=False,
-                       out=out, **kw)
+    cfg = ReplayConfig(
+        workload="routing", backend="local", clock="virtual", progress=False, out=out, **kw
+    )
     return run_replay(prepare(cfg, progress=lambda _m: None)).summary
 
 
@@ -46,16 +47,30 @@ def main() -> None:
     rows = []
     for bound in [None, *args.max_inflight]:
         for n in args.sizes:
-            s = replay(args.out / f"n{n}-m{bound}", arm=args.arm, rate=rate, requests=n,
-                       seed=args.seed, max_inflight=bound)
-            row = {"max_inflight": bound, "requests": n, "completed": s["completed"],
-                   "rejected": s["rejected"], "p50_s": s["p50_latency_s"],
-                   "p99_s": s["p99_latency_s"], "throughput_rps": s["throughput_rps"],
-                   "peak_inflight": s["launch"]["peak_inflight"]}
+            s = replay(
+                args.out / f"n{n}-m{bound}",
+                arm=args.arm,
+                rate=rate,
+                requests=n,
+                seed=args.seed,
+                max_inflight=bound,
+            )
+            row = {
+                "max_inflight": bound,
+                "requests": n,
+                "completed": s["completed"],
+                "rejected": s["rejected"],
+                "p50_s": s["p50_latency_s"],
+                "p99_s": s["p99_latency_s"],
+                "throughput_rps": s["throughput_rps"],
+                "peak_inflight": s["launch"]["peak_inflight"],
+            }
             rows.append(row)
             print(json.dumps(row))
-    (args.out / "overload.json").write_text(json.dumps(
-        {"capacity_rps": cap, "rate": rate, "arm": args.arm, "rows": rows}, indent=2) + "\n")
+    (args.out / "overload.json").write_text(
+        json.dumps({"capacity_rps": cap, "rate": rate, "arm": args.arm, "rows": rows}, indent=2)
+        + "\n"
+    )
 
 
 if __name__ == "__main__":
