@@ -1,13 +1,14 @@
 """Overload at 3x capacity with and without admission control (``--max-inflight``).
 
 Routing, arm ``floor`` (or ``--arm``), four simulated Qwen3-32B/H200 engines, the local
-backend on the virtual clock. First the capacity: a burst far above it (every request
-arrives within a few seconds) drains at the engines' own pace, so completions over the
-makespan are the capacity. Then open loop at 3x that rate, for 300 and 1,000 requests,
-without a bound and with each ``--max-inflight`` given: p50/p99 of the completed requests
-(from their scheduled arrival), how many completed and how many were rejected.
+backend on the virtual clock. First the capacity: the highest offered rate of a sweep at
+which the run is stable, i.e. its p99 does not grow as the run grows from 300 to 1,000
+requests (a queue that grows with the run is the sign of a rate above capacity). Then open
+loop at 3x that rate, for 300 and 1,000 requests, without a bound and with each
+``--max-inflight`` given: p50/p99 of the completed requests (from their scheduled arrival),
+how many completed and how many were rejected.
 
-    python scripts/bench_overload.py --out runs/bench-overload [--max-inflight 16 32]
+    python scripts/bench_overload.py --out runs/bench-overload [--capacity 16]
 """
 
 from __future__ import annotations
@@ -26,10 +27,22 @@ def replay(out: Path, **kw) -> dict:
     return run_replay(prepare(cfg, progress=lambda _m: None)).summary
 
 
-def capacity(out: Path, arm: str, seed: int) -> float:
-    """Requests per second the engines drain when every request arrives at once."""
-    s = replay(out / "capacity", arm=arm, rate=200.0, requests=600, seed=seed)
-    return s["completed"] / s["simulated_s"]
+def capacity(out: Path, arm: str, seed: int, rates: list[float], sizes: list[int]) -> float:
+    """The highest of ``rates`` whose p99 does not grow from the first size to the last."""
+    stable = []
+    for rate in rates:
+        p99 = [
+            replay(out / f"sweep-r{rate:g}-n{n}", arm=arm, rate=rate, requests=n, seed=seed)[
+                "p99_latency_s"
+            ]
+            for n in sizes
+        ]
+        print(json.dumps({"sweep_rate": rate, "p99_s": dict(zip(sizes, p99, strict=True))}))
+        if p99[-1] <= p99[0]:
+            stable.append(rate)
+    if not stable:
+        raise SystemExit(f"no swept rate was stable: sweep lower than {rates}")
+    return max(stable)
 
 
 def main() -> None:
@@ -38,10 +51,16 @@ def main() -> None:
     p.add_argument("--arm", default="floor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--factor", type=float, default=3.0, help="load over capacity")
-    p.add_argument("--max-inflight", type=int, nargs="+", default=[16, 32])
+    p.add_argument("--max-inflight", type=int, nargs="+", default=[32, 64])
     p.add_argument("--sizes", type=int, nargs="+", default=[300, 1000])
+    p.add_argument(
+        "--capacity", type=float, default=None, help="skip the sweep: the capacity in req/s"
+    )
+    p.add_argument(
+        "--sweep-rates", type=float, nargs="+", default=[8.0, 12.0, 16.0, 20.0, 24.0, 28.0]
+    )
     args = p.parse_args()
-    cap = capacity(args.out, args.arm, args.seed)
+    cap = args.capacity or capacity(args.out, args.arm, args.seed, args.sweep_rates, args.sizes)
     rate = round(args.factor * cap, 2)
     print(f"capacity {cap:.2f} req/s; offered {rate} req/s ({args.factor:g}x)")
     rows = []

@@ -130,6 +130,24 @@ def test_a_ticket_of_a_dead_incarnation_finishes_nowhere(local_ray):
     assert counts["stale_tickets"] == 1 and stats["in_flight"] == 0
 
 
+def test_a_finish_caught_by_the_crash_does_not_reach_the_next_incarnation(local_ray):
+    async def main():
+        actors = make_restartable_shards(1 << 30, "lru", SHARDS)
+        shards = ShardSet(actors, ShardRetry(lookup_timeout_s=0.5, restart_deadline_s=60))
+        client = RayStoreClient(shards.handles)
+        r = rec(on_shard(0))
+        old = await client.begin(r.name, r.key_bytes, "req-0")
+        await crash(actors[0])
+        # the first call after the crash: it finds the restarted shard and resyncs it
+        finished = await client.finish(old, r, 1.0)
+        again = await client.begin(r.name, r.key_bytes, "req-1")
+        return shards.counts, finished, again, await client.finish(again, r, 2.0)
+
+    counts, finished, again, done = asyncio.run(main())
+    assert finished is None and counts["stale_tickets"] == 1 and counts["resyncs"] == 1
+    assert isinstance(again, Ticket) and done is not None and done.stored
+
+
 def test_a_shard_that_never_comes_back_degrades_every_call(local_ray):
     async def main():
         actors = make_restartable_shards(1 << 30, "lru", SHARDS)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from dynbranch.cluster.store import StoreActor, shard_of
-from dynbranch.errors import StoreUnavailable
+from dynbranch.errors import StoreUnavailable, TicketError
 from dynbranch.reuse.lookups import (
     Invalidation,
     JoinInFlight,
@@ -263,11 +263,17 @@ class ShardSet:
         """The shard's answer; :class:`_GiveUp` when there will be none worth waiting for."""
         retry, read = self.retry, method in _READS
         deadline = time.monotonic() + retry.restart_deadline_s
-        pause = retry.backoff_s
+        pause, epoch = retry.backoff_s, self._epoch[shard]
         while True:
+            if method == "finish" and self._epoch[shard] != epoch:
+                # NOTE: the incarnation that issued the ticket died while it was finishing
+                self.counts["stale_tickets"] += 1
+                raise _GiveUp("the ticket's shard incarnation is gone")
             failure = await self._attempt(shard, method, args, deadline)
             if not isinstance(failure, _Failure):
                 return failure
+            if failure.refused:
+                raise _GiveUp(failure.why)
             if failure.final or read:
                 if failure.final:
                     self._lose(shard)
@@ -299,6 +305,8 @@ class ShardSet:
             return await asyncio.wait_for(ref, timeout)
         except ShardNotSynced:
             return _Failure("restarted", unsynced=True)
+        except TicketError as e:  # NOTE: a ticket the shard does not hold: nothing to finish
+            return _Failure(f"refused: {e}", refused=True)
         except ActorDiedError as e:  # NOTE: no restarts left: it will not come back
             return _Failure(f"died for good: {type(e).__name__}", final=True)
         except (RayActorError, TimeoutError) as e:
@@ -365,11 +373,14 @@ class _GiveUp(Exception):
 @dataclass(frozen=True)
 class _Failure:
     """Why one attempt got no answer: ``unsynced`` (a restarted shard waiting for its
-    resync), ``final`` (it will never answer again), or neither (down, restarting, slow)."""
+    resync), ``final`` (it will never answer again), ``refused`` (it answered that the call
+    makes no sense to it now, e.g. a ticket it does not hold), or none (down, restarting,
+    slow)."""
 
     why: str
     unsynced: bool = False
     final: bool = False
+    refused: bool = False
 
 
 class ShardHandle:
