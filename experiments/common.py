@@ -136,6 +136,7 @@ def upload_tree(local: Path, dest: OutDir) -> list[str]:
     files = sorted((p for p in local.rglob("*") if p.is_file()),
                    key=lambda p: (p.name == "summary.json", str(p)))
     names = [str(p.relative_to(local)) for p in files]
+    dest.make()
     for path, name in zip(files, names, strict=True):
         dest.write_bytes(name, path.read_bytes())
     return names
