@@ -183,7 +183,8 @@ def _check_values(cfg: ReplayConfig) -> None:
     need(finite(cfg.cv) and cfg.cv > 0, "--cv", "a finite number > 0", cfg.cv)
     need(_is_int(cfg.seed) and cfg.seed >= 0, "--seed", "an integer >= 0", cfg.seed)
     need(_is_int(cfg.fanout) and cfg.fanout >= 0, "--fanout", "an integer >= 0", cfg.fanout)
-    need(_is_int(cfg.depth) and cfg.depth >= 0, "--depth", "an integer >= 0", cfg.depth)
+    need(cfg.depth is None or (_is_int(cfg.depth) and cfg.depth >= 0), "--depth",
+         "an integer >= 0", cfg.depth)
     need(finite(cfg.p_star) and 0.0 <= cfg.p_star <= 1.0, "--p-star", "in [0, 1]",
          cfg.p_star)
     need(_is_int(cfg.store_mb) and cfg.store_mb >= 0, "--store-mb", "an integer >= 0",

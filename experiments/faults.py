@@ -75,7 +75,7 @@ def run(quick: bool, out: Path) -> Experiment:
         (
             "engine-kill",
             lambda: _ray(
-                out, "engine-kill", FaultSpec(str(out / "engine-kill"), "engine", kill_at, 1, base)
+                out, "engine-kill", FaultSpec(str(out / "engine-kill"), "engine", kill_at, 0, base)
             ),
         ),
         (
