@@ -43,14 +43,15 @@ def cluster():
 
 
 class NodeLoss(RayBackend):
-    """The Ray backend, plus the removal of the node holding engine ``victim`` at ``at_s``
-    (``None``: no fault); remembers where each engine ran."""
+    """The Ray backend, plus the removal at ``at_s`` (``None``: no fault) of a worker node
+    (not the head, where the driver runs) and its engine; remembers where each engine ran."""
 
-    def __init__(self, clock, roles, cluster, workers, at_s=None, victim=1):
+    def __init__(self, clock, roles, cluster, workers, at_s=None):
         super().__init__(clock, roles)
-        self.cluster, self.workers, self.at_s, self.victim = cluster, workers, at_s, victim
+        self.cluster, self.workers, self.at_s = cluster, workers, at_s
         self.nodes: list[str] = []
         self.removed: str | None = None
+        self.victim: str | None = None  # the engine on the removed node
 
     async def start(self):
         await super().start()
@@ -60,8 +61,10 @@ class NodeLoss(RayBackend):
 
     async def _remove(self):
         await asyncio.sleep(self.at_s)
-        node = next(w for w in self.workers if w.node_id == self.nodes[self.victim])
-        self.removed = node.node_id
+        # NOTE: placement decides which engine lands where; take the first on a worker node
+        index, node = next((i, w) for i, n in enumerate(self.nodes) for w in self.workers
+                           if w.node_id == n)
+        self.removed, self.victim = node.node_id, self.clients()["target"][index].engine_id
         await asyncio.to_thread(self.cluster.remove_node, node, False)
 
 
@@ -106,7 +109,7 @@ def test_a_node_removed_mid_run_costs_its_engine_not_the_replay(cluster, tmp_pat
     frame = pd.read_parquet(tmp_path / "loss" / "requests.parquet")
     assert backend.removed is not None and len(frame) == 30  # nothing lost
     assert s["engines"]["engine_deaths"] >= 1
-    assert "sim-target-1" in s["engines"]["down_at_end"]  # no node left to restart it on
+    assert backend.victim in s["engines"]["down_at_end"]  # no node left to restart it on
     bad = frame[frame.status != "completed"]
     assert set(bad.error_type) <= typed_error_names()
     assert s["completed"] >= 27, s["errors"]  # at least 90 %
@@ -115,4 +118,4 @@ def test_a_node_removed_mid_run_costs_its_engine_not_the_replay(cluster, tmp_pat
         for r in result.orchestrator.log.stages
         if r.kind == "llm" and r.served_from == "exec" and r.start > 4.0 + 6.0
     ]
-    assert late and all(r.engine != "sim-target-1" for r in late)
+    assert late and all(r.engine != backend.victim for r in late)

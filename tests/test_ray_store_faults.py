@@ -13,12 +13,9 @@ from dynbranch.reuse import Hit, Miss, MissReason, Provenance, PutOutcome, Recor
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
+from dynbranch.cluster.shard_set import ShardRetry, ShardSet  # noqa: E402
 from dynbranch.cluster.store import RayStoreClient, shard_of  # noqa: E402
-from dynbranch.cluster.store_faults import (  # noqa: E402
-    ShardRetry,
-    ShardSet,
-    make_restartable_shards,
-)
+from dynbranch.cluster.store_faults import make_restartable_shards  # noqa: E402
 
 SHARDS = 2
 
@@ -201,3 +198,29 @@ def test_a_cancelled_begin_still_hands_its_ticket_to_the_caller_s_cleanup(local_
 
     seen, stats = asyncio.run(main())
     assert len(seen) == 1 and isinstance(seen[0], Ticket) and stats["in_flight"] == 0
+
+
+@pytest.mark.skipif(
+    not hasattr(RayStoreClient, "announce"),
+    reason="C1's write protocol (announce/commit) is not on this branch",
+)
+def test_a_shard_that_dies_inside_a_write_window_serves_nothing_stale(local_ray):
+    async def main():
+        actors = make_restartable_shards(1 << 30, "lru", SHARDS)
+        shards = ShardSet(actors, ShardRetry(lookup_timeout_s=0.5, restart_deadline_s=60))
+        client = RayStoreClient(shards.handles)
+        await client.observe_reads({"res": "v1"})
+        receipt = await client.announce(["res"], "writer")
+        await crash(actors[0])
+        # read inside the window (before the write's effect is committed), put after restart
+        late = rec(on_shard(0), reads={"res": "v1"})
+        during = await client.put(late, 1.0)  # the restarted shard is fenced: not stored
+        await client.commit(receipt, {"res": "v2"}, 2.0)
+        after = await client.put(late, 3.0)  # the write reached the restarted shard
+        fresh = rec(on_shard(0, on_shard(0) + 1), reads={"res": "v2"})
+        stored = await client.put(fresh, 3.0)
+        return shards.counts, during, after, stored, await look(client, fresh)
+
+    counts, during, after, stored, got = asyncio.run(main())
+    assert not during.stored and after.outcome is PutOutcome.STALE
+    assert stored.stored and isinstance(got, Hit) and counts["fenced"] >= 1

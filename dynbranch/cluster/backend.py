@@ -200,13 +200,14 @@ class RayBackend(Backend):
         records in Ray's object store; they live until :meth:`shutdown`.
 
         Shards restart when their process dies, and the client reaches them through
-        :class:`~dynbranch.cluster.store_faults.ShardSet`, so a dead shard costs misses,
+        :class:`~dynbranch.cluster.shard_set.ShardSet`, so a dead shard costs misses,
         never a request (see :mod:`dynbranch.cluster.store_faults`).
         """
         import ray
 
+        from dynbranch.cluster.shard_set import ShardSet
         from dynbranch.cluster.store import RayStoreClient
-        from dynbranch.cluster.store_faults import ShardSet, make_restartable_shards
+        from dynbranch.cluster.store_faults import make_restartable_shards
 
         if not ray.is_initialized():
             raise ConfigError("RayBackend.make_store needs a connected backend: call start() "
