@@ -217,10 +217,16 @@ def test_a_shard_that_dies_inside_a_write_window_serves_nothing_stale(local_ray)
         during = await client.put(late, 1.0)  # the restarted shard is fenced: not stored
         await client.commit(receipt, {"res": "v2"}, 2.0)
         after = await client.put(late, 3.0)  # the write reached the restarted shard
-        fresh = rec(on_shard(0, on_shard(0) + 1), reads={"res": "v2"})
-        stored = await client.put(fresh, 3.0)
-        return shards.counts, during, after, stored, await look(client, fresh)
+        # the shard that resolves contention (0) lost the announcement: the commit applied an
+        # unknown version, so nothing is taken as fresh until a later write reports one
+        reported = rec(on_shard(0, on_shard(0) + 1), reads={"res": "v2"})
+        unknown = await client.put(reported, 3.0)
+        await client.write("res", "v3", 4.0)
+        fresh = rec(on_shard(0, on_shard(0) + 1), reads={"res": "v3"})
+        stored = await client.put(fresh, 5.0)
+        return shards.counts, during, after, unknown, stored, await look(client, fresh)
 
-    counts, during, after, stored, got = asyncio.run(main())
+    counts, during, after, unknown, stored, got = asyncio.run(main())
     assert not during.stored and after.outcome is PutOutcome.STALE
+    assert unknown.outcome is PutOutcome.STALE
     assert stored.stored and isinstance(got, Hit) and counts["fenced"] >= 1

@@ -123,21 +123,33 @@ class ShardSet:
             args = (local, *args[1:])
         if shard in self._lost:
             return self._degrade(method, args, None)
-        if self.writes.fenced(shard):
-            answered, got = fenced_call(method, args)
-            self.counts["fenced"] += 1
-            if answered:
-                return got
-            args = got
         try:
             got = await self._attempts(shard, method, args)
         except _GiveUp as e:
             if method == "write" and len(args) > 3:
                 # NOTE: a restarted shard never held the announcement; the version must land
                 return await self.call(shard, "write", args[:3])
+            if method == "resolve":
+                return await self._unresolved(shard, *args)
             return self._degrade(method, args, e)
         self.writes.saw(shard, method, args)
         return self._tag(shard, got)
+
+    async def _unresolved(self, shard: int, receipt: Any, writes: Any) -> dict[str, None]:
+        """C1's write protocol: the versions a commit applies when the shard that resolves
+        its contention cannot (it died and lost the announcement): an unknown version for
+        everything it may have written, as for a contended write (costs misses only)."""
+        self.counts["degraded"] += 1
+        if writes is not None:
+            return dict.fromkeys(sorted(writes))
+        if receipt.resources is not None:
+            return dict.fromkeys(sorted(receipt.resources))
+        for peer in (i for i in range(len(self.actors)) if i != shard and i not in self._lost):
+            try:
+                return dict.fromkeys(sorted(await self.actors[peer].versions.remote()))
+            except Exception:  # NOTE: that peer is down too; try the next
+                continue
+        raise StoreUnavailable(shard, "resolve", "no live shard knows the resources")
 
     def _tag(self, shard: int, got: Any) -> Any:
         """A ticket id unique across the shard's incarnations (their own ids start again)."""
@@ -165,6 +177,12 @@ class ShardSet:
                 # NOTE: the incarnation that issued the ticket died while it was finishing
                 self.counts["stale_tickets"] += 1
                 raise _GiveUp("the ticket's shard incarnation is gone")
+            if self.writes.fenced(shard):  # NOTE: also right after a resync in this loop
+                answered, got = fenced_call(method, args)
+                self.counts["fenced"] += 1
+                if answered:
+                    return got
+                args = got
             failure = await self._attempt(shard, method, args, deadline)
             if not isinstance(failure, _Failure):
                 return failure
