@@ -248,7 +248,7 @@ def _notes(out: Path, injected: Mapping[str, Any]) -> dict[str, Any]:
     engines = summary.get("engines", {})
     notes: dict[str, Any] = {
         k: engines[k]
-        for k in ("engine_deaths", "retried", "recovered", "abandoned")
+        for k in ("went_down", "retried", "recovered", "abandoned")
         if k in engines
     }
     shard_sets = injected.get("shard_sets") or []

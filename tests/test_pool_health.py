@@ -104,7 +104,7 @@ def test_a_dead_engine_gets_no_calls_and_its_call_is_retried_once_elsewhere():
     assert client.engine_id == "e1" and result.text == "out:e1"
     assert e0.calls == ["r1"]  # tried once, then never placed on again
     assert {c.engine_id for c, _ in later} <= {"e1", "e2"}
-    assert pool.counts["engine_deaths"] == 1 and pool.counts["retried"] == 1
+    assert pool.counts["went_down"] == 1 and pool.counts["retried"] == 1
     assert pool.down() == {"e0": "actor died"}
 
 

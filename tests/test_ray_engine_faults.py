@@ -51,7 +51,7 @@ def test_requests_survive_an_engine_crash_and_the_engine_comes_back(local_ray):
             victim = backend._actors[0]
             os.kill(await victim.pid.remote(), signal.SIGKILL)
             records = await asyncio.gather(*runs)
-            deaths = orch.pool.counts["engine_deaths"]
+            deaths = orch.pool.counts["went_down"]
             for _ in range(120):  # the probe takes the restarted engine back up
                 if not orch.pool.down():
                     break
@@ -66,7 +66,9 @@ def test_requests_survive_an_engine_crash_and_the_engine_comes_back(local_ray):
 
     records, deaths, pool, back = clock.run(main())
     assert [r.status for r in records] == ["completed"] * 8, [r.error for r in records]
-    assert deaths == 1 and pool.counts["retried"] >= 1 and pool.counts["recovered"] == 1
+    # NOTE: a restarted engine slow to answer its first probes may go down again meanwhile
+    assert deaths >= 1 and pool.counts["retried"] >= 1
+    assert pool.counts["recovered"] == pool.counts["went_down"]
     assert pool.down() == {} and back[1].text == "ok"
 
 

@@ -108,7 +108,7 @@ def test_a_node_removed_mid_run_costs_its_engine_not_the_replay(cluster, tmp_pat
     s = result.summary
     frame = pd.read_parquet(tmp_path / "loss" / "requests.parquet")
     assert backend.removed is not None and len(frame) == 30  # nothing lost
-    assert s["engines"]["engine_deaths"] >= 1
+    assert s["engines"]["went_down"] >= 1
     assert backend.victim in s["engines"]["down_at_end"]  # no node left to restart it on
     bad = frame[frame.status != "completed"]
     assert set(bad.error_type) <= typed_error_names()

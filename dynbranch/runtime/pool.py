@@ -92,7 +92,7 @@ class EnginePool:
         self.clock, self.health = clock, health or HealthPolicy()
         self._sweep: asyncio.Task | None = None
         self._remote = any(e.client.remote for es in self._engines.values() for e in es)
-        self.counts = {"engine_deaths": 0, "retried": 0, "recovered": 0, "abandoned": 0}
+        self.counts = {"went_down": 0, "retried": 0, "recovered": 0, "abandoned": 0}
 
     def roles(self) -> list[str]:
         return list(self._engines)
@@ -237,7 +237,7 @@ class EnginePool:
         if not engine.up:
             return
         engine.down_reason = reason or "down"
-        self.counts["engine_deaths"] += 1
+        self.counts["went_down"] += 1
         if engine.gone is not None and not engine.gone.done():
             engine.gone.set_result(None)
         if self.clock is not None and (engine.probe is None or engine.probe.done()):
