@@ -62,8 +62,9 @@ class NodeLoss(RayBackend):
     async def _remove(self):
         await asyncio.sleep(self.at_s)
         # NOTE: placement decides which engine lands where; take the first on a worker node
-        index, node = next((i, w) for i, n in enumerate(self.nodes) for w in self.workers
-                           if w.node_id == n)
+        index, node = next(
+            (i, w) for i, n in enumerate(self.nodes) for w in self.workers if w.node_id == n
+        )
         self.removed, self.victim = node.node_id, self.clients()["target"][index].engine_id
         await asyncio.to_thread(self.cluster.remove_node, node, False)
 
@@ -113,9 +114,10 @@ def test_a_node_removed_mid_run_costs_its_engine_not_the_replay(cluster, tmp_pat
     bad = frame[frame.status != "completed"]
     assert set(bad.error_type) <= typed_error_names()
     assert s["completed"] >= 27, s["errors"]  # at least 90 %
-    late = [
-        r
-        for r in result.orchestrator.log.stages
-        if r.kind == "llm" and r.served_from == "exec" and r.start > 4.0 + 6.0
+    rows = [
+        r for r in result.orchestrator.log.stages if r.kind == "llm" and r.served_from == "exec"
     ]
-    assert late and all(r.engine != backend.victim for r in late)
+    # nothing starts on the lost engine once the pool has seen it go (within a sweep and a
+    # probe timeout), while the others keep serving
+    assert not [r for r in rows if r.engine == backend.victim and r.start > 4.0 + 6.0]
+    assert [r for r in rows if r.engine != backend.victim and r.start > 4.0 + 2.0]
