@@ -76,7 +76,17 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
                         "every category the workload scores, as BFCL's own default 'all')")
     p.add_argument("--data-dir", default=None,
                    help="data directory (else $DYNBRANCH_DATA, else ../shared/data)")
-    p.add_argument("--out", default="runs/replay", help="result directory")
+    p.add_argument("--max-inflight", type=int, default=None,
+                   help="admission control: reject a request arriving while this many are in "
+                        "flight (a typed 'rejected' outcome); default: unbounded")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="cancel a request not done this many seconds after its scheduled "
+                        "arrival (a typed 'deadline' outcome); default: none")
+    p.add_argument("--tenants", type=int, default=1,
+                   help="spread the requests over this many tenants (set by the serving side, "
+                        "by arrival order): reuse never crosses tenants")
+    p.add_argument("--out", default="runs/replay",
+                   help="result directory: a path or a filesystem URI (file://, s3://, gs://)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or report")
 
 
@@ -110,7 +120,8 @@ def _experiment_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("experiment", help="reproduce one table or figure of the paper")
     p.add_argument("name", help="table1 | table2 | fig5a | fig5b | ... (DESIGN.md §5)")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None,
+                   help="result directory: a path or a filesystem URI (file://, s3://, gs://)")
 
 
 def _model_parser(sub: argparse._SubParsersAction) -> None:
@@ -174,14 +185,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
         arrival=args.arrival, cv=args.cv, split=args.split, tool_time=args.tool_time,
         decode_lengths=args.decode_lengths,
         categories=None if args.categories is None else tuple(args.categories.split(",")),
-        out=Path(args.out), data_dir=args.data_dir, address=args.address,
+        data_dir=args.data_dir, address=args.address,
         predictor=args.predictor, drafter_profile=args.drafter_profile,
         drafter_model=args.drafter_model, drafter_workers=args.drafter_workers,
         drafter_samples=args.drafter_samples, depth=args.depth, gate=args.gate,
         p_star=args.p_star, store_mb=args.store_mb, eviction=args.eviction,
-        progress=not args.quiet)
+        max_inflight=args.max_inflight, deadline_s=args.deadline_s, tenants=args.tenants,
+        out=args.out, progress=not args.quiet)
     progress = print if not args.quiet else (lambda _msg: None)
     result = run_replay(prepare(cfg, progress))
+    if result.summary.get("interrupted"):
+        s = result.summary
+        print(f"dynbranch: interrupted by {s['interrupted_by']}: {s['completed']} requests "
+              f"completed, {s['interrupted_requests']} cut short, {s['not_started']} never "
+              f"started; partial results in {cfg.out}/", file=sys.stderr)
+        return 130
     if not args.quiet:
         print(f"results in {cfg.out}/ (summary.json, requests.parquet, stages.parquet, "
               f"branches.parquet, latency_cdf.png)")
@@ -229,15 +247,18 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
+    from dynbranch.outdir import OutDir
     from experiments import default_out, get_experiment
-    from experiments.common import write_experiment
+    from experiments.common import staged, write_experiment
 
     run = get_experiment(args.name)
-    out = Path(args.out) if args.out else default_out(args.name)
-    experiment = run(quick=args.quick, out=out)
-    write_experiment(experiment, out)
+    dest = OutDir.parse(args.out if args.out else default_out(args.name))
+    dest.check()  # NOTE: before the experiment runs, not after
+    with staged(dest) as out:
+        experiment = run(quick=args.quick, out=out)
+        write_experiment(experiment, out)
     print(experiment.report)
-    print(f"results in {out}/ (results.parquet, summary.json, report.md, "
+    print(f"results in {dest}/ (results.parquet, summary.json, report.md, "
           f"{', '.join(experiment.plots) or 'no plots'})")
     return 0
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,10 +28,15 @@ from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
 from dynbranch.decode_lengths import MODES as DECODE_MODES
 from dynbranch.engines.config import EngineConfig, check_engine_config
 from dynbranch.errors import ConfigError, ModelNotFoundError, NotBuiltError, UnknownNameError
+from dynbranch.launch import Interruption, Launcher, LaunchOutcome
 from dynbranch.orchestrator import Orchestrator
+from dynbranch.outdir import OutDir
+from dynbranch.resultlog import ResultStream
+from dynbranch.reuse.eviction import POLICIES as EVICTION_POLICIES
 from dynbranch.runtime.run import (
     DEFAULT_DEPTH,
     GATE_POLICIES,
+    AdmissionOptions,
     FillOptions,
     GateOptions,
     RunContext,
@@ -72,8 +79,11 @@ class ReplayConfig:
     p_star: float = 0.5
     store_mb: int = 1024
     eviction: str = "lru"
-    tenant: str = "default"
-    out: Path = Path("runs/replay")
+    tenant: str = "default"  # the tenant of every request when ``tenants`` is 1
+    tenants: int = 1  # spread the requests over this many tenants (by arrival order)
+    max_inflight: int | None = None  # admission: reject arrivals beyond this many in flight
+    deadline_s: float | None = None  # cancel a request not done this long after arrival
+    out: Path | str = Path("runs/replay")  # a directory or a pyarrow filesystem URI
     data_dir: str | None = None
     address: str | None = None
     progress: bool = True
@@ -87,6 +97,15 @@ class ReplayConfig:
         return d
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """The run's typed options, built (and so range-checked) by :func:`prepare`."""
+
+    fill: FillOptions
+    gate: GateOptions
+    admission: AdmissionOptions
+
+
 @dataclass
 class Prepared:
     """A validated run: its objects built, nothing started."""
@@ -98,10 +117,16 @@ class Prepared:
     instances: Sequence[RequestInstance]
     arrivals: Sequence[float]
     data: DataConfig | None = None  # where the workload reads (InstCache pre-populates from it)
+    options: RunOptions | None = None  # set by prepare()
 
 
 def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepared:
-    """Validate ``cfg`` and load its requests; raise a typed error before anything starts."""
+    """Validate ``cfg`` and load its requests; raise a typed error before anything starts.
+
+    Every value is checked here (names, ranges, NaN, combinations, the engine's extra, the
+    data directory, that ``out`` is writable), so a bad one stops the run with one line
+    before a backend, an engine or a Ray instance exists.
+    """
     from dynbranch.datasets import cache_dir, resolve_data_dir
     from workloads import get_workload
 
@@ -110,15 +135,16 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     _check_choice("arrival process", cfg.arrival, PROCESSES)
     _check_choice("split", cfg.split, ("test", "train"))
     _check_choice("gate", cfg.gate, GATE_POLICIES)
+    _check_choice("eviction policy", cfg.eviction, list(EVICTION_POLICIES))
+    _check_choice("decode lengths", cfg.decode_lengths, DECODE_MODES)
+    _check_values(cfg)
     _check_engine(cfg.engine)
+    _check_profile(cfg)
     _check_model(cfg)
     _check_drafter(cfg)
     if cfg.backend == "ray" and cfg.clock == "virtual":
         raise ConfigError("the virtual clock runs in one process only; use --backend local "
                           "with --clock virtual, or --clock real with --backend ray")
-    if cfg.requests < 1 or cfg.rate <= 0 or cfg.workers < 1:
-        raise ConfigError(f"need --requests >= 1, --rate > 0 and --workers >= 1 "
-                          f"(got {cfg.requests}, {cfg.rate}, {cfg.workers})")
     arm = get_arm(cfg.arm)
     if arm.name == "oracle" and cfg.engine not in ("sim", "zero"):
         raise ConfigError("the oracle arm replays the trace's branch outcomes; with a real "
@@ -126,13 +152,14 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     if arm.name == "instcache" and cfg.split != "test":
         raise ConfigError("the instcache arm pre-populates from the train split; "
                           "measure it on --split test")
-    _check_choice("decode lengths", cfg.decode_lengths, DECODE_MODES)
     options = dict(cfg.workload_options)
     if cfg.categories is not None:
         if cfg.workload != "routing":
             raise ConfigError(f"--categories selects BFCL categories of the routing workload, "
                               f"not of {cfg.workload!r}")
         options["categories"] = tuple(cfg.categories)
+    out = OutDir.parse(cfg.out)  # NOTE: a URI pyarrow cannot open is refused here
+    _check_data_dir(cfg.data_dir)
     workload = get_workload(cfg.workload, tool_time=cfg.tool_time,
                             decode_lengths=cfg.decode_lengths, **options)
     data = DataConfig(resolve_data_dir(cfg.data_dir), cache_dir())
@@ -146,7 +173,80 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     arrivals = arrival_times(cfg.requests, cfg.rate, cfg.seed, cfg.arrival, cfg.cv)
     # NOTE: plain floats: numpy scalars would leak into the loop's clock and every timestamp.
     arrivals = [float(a) for a in arrivals]
-    return Prepared(cfg, workload, arm, make_clock(cfg.clock), instances, arrivals, data)
+    options = run_options(cfg, workload.predictor)
+    out.check()  # last: a refused run leaves no directory behind
+    return Prepared(cfg, workload, arm, make_clock(cfg.clock), instances, arrivals, data,
+                    options)
+
+
+def _check_values(cfg: ReplayConfig) -> None:
+    """Every numeric setting in its range (NaN and infinities included), one message each."""
+    def need(ok: bool, flag: str, rule: str, value: Any) -> None:
+        if not ok:
+            raise ConfigError(f"{flag} must be {rule} (got {value!r})")
+
+    def finite(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    need(_is_int(cfg.requests) and cfg.requests >= 1, "--requests", ">= 1", cfg.requests)
+    need(finite(cfg.rate) and cfg.rate > 0, "--rate", "a finite number > 0", cfg.rate)
+    need(_is_int(cfg.workers) and cfg.workers >= 1, "--workers", ">= 1", cfg.workers)
+    need(finite(cfg.cv) and cfg.cv > 0, "--cv", "a finite number > 0", cfg.cv)
+    need(_is_int(cfg.seed) and cfg.seed >= 0, "--seed", "an integer >= 0", cfg.seed)
+    need(cfg.fanout is None or (_is_int(cfg.fanout) and cfg.fanout >= 0), "--fanout",
+         "an integer >= 0", cfg.fanout)
+    need(cfg.depth is None or (_is_int(cfg.depth) and cfg.depth >= 0), "--depth",
+         "an integer >= 0", cfg.depth)
+    need(finite(cfg.p_star) and 0.0 <= cfg.p_star <= 1.0, "--p-star", "in [0, 1]",
+         cfg.p_star)
+    need(_is_int(cfg.store_mb) and cfg.store_mb >= 0, "--store-mb", "an integer >= 0",
+         cfg.store_mb)
+    need(_is_int(cfg.tenants) and cfg.tenants >= 1, "--tenants", "an integer >= 1",
+         cfg.tenants)
+    need(cfg.max_inflight is None or (_is_int(cfg.max_inflight) and cfg.max_inflight >= 1),
+         "--max-inflight", "an integer >= 1", cfg.max_inflight)
+    need(cfg.deadline_s is None or (finite(cfg.deadline_s) and cfg.deadline_s > 0),
+         "--deadline-s", "a finite number > 0", cfg.deadline_s)
+    need(bool(cfg.tenant) and cfg.tenant.isprintable(), "tenant", "a non-empty printable "
+         "name", cfg.tenant)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def run_options(cfg: ReplayConfig, default_predictor: str) -> RunOptions:
+    """The run's typed options from ``cfg`` (each checks its own ranges: a typed error);
+    ``default_predictor`` is the workload's, used unless ``cfg`` names one."""
+    predictor_options = ({"samples": cfg.drafter_samples, "seed": cfg.seed}
+                         if cfg.predictor == "drafter" else {})
+    try:
+        return RunOptions(
+            fill=FillOptions(fanout=cfg.fanout, depth=cfg.depth,
+                             predictor=cfg.predictor or default_predictor,
+                             predictor_options=predictor_options),
+            gate=GateOptions(policy=cfg.gate, p_star=cfg.p_star, profile=cfg.profile,
+                             engines=cfg.workers, seed=cfg.seed),
+            admission=AdmissionOptions(max_inflight=cfg.max_inflight,
+                                       deadline_s=cfg.deadline_s, tenants=cfg.tenants))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_data_dir(data_dir: str | None) -> None:
+    """An explicit ``--data-dir`` must exist, whichever workload runs (routing reads BFCL
+    from the cache and would otherwise ignore a typo silently)."""
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        raise ConfigError(f"--data-dir {data_dir}: no such directory (give the directory "
+                          f"that holds the data sets, or leave it out to use "
+                          f"$DYNBRANCH_DATA or ../shared/data)")
+
+
+def _check_profile(cfg: ReplayConfig) -> None:
+    """The engine profile exists now (the Ray backend would find out inside an actor)."""
+    from dynbranch.engines.profile import load_profile
+
+    load_profile(cfg.profile)  # an unknown name is a typed error
 
 
 def _check_engine(kind: str) -> None:
@@ -189,7 +289,10 @@ def _check_model(cfg: ReplayConfig) -> None:
     _check_model_source(cfg)
     needs = {"hf": ("torch", "transformers", "tokenizers"), "vllm": ("vllm",)}[cfg.engine]
     missing = [m for m in needs if importlib.util.find_spec(m) is None]
-    if missing and cfg.backend == "local":  # NOTE: on Ray, the workers' environment decides
+    # NOTE: joining a cluster, the workers' environment decides; otherwise the engines run
+    # in this Python (in process, or on the local Ray instance this run starts).
+    joins = cfg.backend == "ray" and bool(cfg.address or os.environ.get("RAY_ADDRESS"))
+    if missing and not joins:
         extra = "hf" if cfg.engine == "hf" else "vllm"
         raise ConfigError(f"--engine {cfg.engine} needs {', '.join(missing)}, not installed "
                           f"here: pip install '.[{extra}]'")
@@ -281,84 +384,137 @@ class ReplayResult:
 
 
 def run_replay(prepared: Prepared, backend: Backend | None = None) -> ReplayResult:
-    """Run a prepared replay to the end and write its results."""
-    from dynbranch.results import report, summarize, write_results
+    """Run a prepared replay to the end (or to an interrupt) and write its results.
+
+    Rows stream to ``out/parts/`` while it runs (:mod:`dynbranch.resultlog`); at the end the
+    final files replace them. SIGINT or SIGTERM stop the launch: the requests in flight are
+    cancelled into ``interrupted`` records and the results are written, with ``interrupted``
+    set in the summary. A backend that fails to shut down is reported, never lets the results
+    go unwritten.
+    """
+    from dynbranch.results import report, summarize
 
     cfg, clock = prepared.config, prepared.clock
     backend = backend or make_backend(cfg, clock)
+    state = _RunState()
     with Stopwatch() as wall:
-        records, orch = clock.run(_replay(prepared, backend))
-    run = {**cfg.settings(), "wall_s": wall.elapsed_s, "backend": backend.name}
-    summary = summarize(run, records, orch.log.stages, fills=orch.fills.stats(),
+        clock.run(_replay(prepared, backend, state))
+    if state.orch is None or state.stream is None:
+        raise KeyboardInterrupt  # interrupted before any request could start
+    orch = state.orch
+    run = {**cfg.settings(), "wall_s": wall.elapsed_s, "backend": backend.name,
+           **state.fields()}
+    summary = summarize(run, state.records, orch.log.stages, fills=orch.fills.stats(),
                         mechanisms=orch.mechanism_stats)
-    write_results(cfg.out, summary, records, orch.log.stages, orch.log.branches)
+    state.stream.close(summary, state.records, orch.log.stages, orch.log.branches)
     if cfg.progress:
         print(report(summary))
-    return ReplayResult(summary, records, orch)
+    return ReplayResult(summary, state.records, orch)
 
 
-async def _replay(prepared: Prepared, backend: Backend
-                  ) -> tuple[list[RequestRecord], Orchestrator]:
-    await backend.start()
+@dataclass
+class _RunState:
+    """What a run leaves behind, however it ended."""
+
+    orch: Orchestrator | None = None
+    stream: ResultStream | None = None
+    records: list[RequestRecord] = field(default_factory=list)
+    not_started: int = 0
+    interrupted_by: str | None = None
+    launch: dict[str, int] = field(default_factory=dict)
+    engines: dict[str, Any] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        """The summary fields of how the run ended."""
+        orch = self.orch
+        return {"interrupted": self.interrupted_by is not None,
+                "interrupted_by": self.interrupted_by, "not_started": self.not_started,
+                "cleanup_errors": orch.cleanup_errors if orch else 0,
+                "launch": self.launch, "engines": self.engines, **self.problems}
+
+
+async def _replay(prepared: Prepared, backend: Backend, state: _RunState) -> None:
+    interruption = Interruption()
+    with interruption.installed(asyncio.current_task()):
+        try:
+            await _serve(prepared, backend, state, interruption)
+        except asyncio.CancelledError:
+            if interruption.signal_name is None:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        state.interrupted_by = interruption.signal_name
+
+
+async def _serve(prepared: Prepared, backend: Backend, state: _RunState,
+                 interruption: Interruption) -> None:
+    cfg = prepared.config
+    state.not_started = len(prepared.instances)
     try:
+        await backend.start()
         run = run_context(prepared, backend)
         orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
+        state.orch = orch
+        state.stream = ResultStream(cfg.out, orch.log.stages, prepared.clock.now)
         # NOTE: before the clock starts (InstCache's predicted requests, the oracle's branch
         # outcomes; the other arms do nothing)
-        cfg = prepared.config
         await orch.reuse.prepopulate(prepared.workload, prepared.data, cfg.seed,
                                      measured_split=cfg.split)
         await orch.branch_hook.prepopulate(prepared.workload, prepared.data, cfg.seed,
                                            split=cfg.split, requests=cfg.requests)
-        records = await _launch_all(prepared, orch)
-        await orch.finish_run()
+        outcome = await _launch(prepared, orch, state.stream, interruption)
+        interruption.disarm()
+        state.records, state.not_started = outcome.records, outcome.not_started
+        state.launch = outcome.counts
+        try:
+            await orch.finish_run()
+        except Exception as e:  # NOTE: the counters are lost, not the results
+            state.problems["finish_error"] = f"{type(e).__name__}: {e}"
+        await orch.pool.close()
+        state.engines = {**orch.pool.counts, "down_at_end": orch.pool.down()}
     finally:
-        await backend.shutdown()
-    return records, orch
+        interruption.disarm()
+        try:
+            await backend.shutdown()
+        except Exception as e:
+            state.problems["shutdown_error"] = f"{type(e).__name__}: {e}"
 
 
 def run_context(prepared: Prepared, backend: Backend) -> RunContext:
     """The run's context: its typed options from the config, its store and gate from the
     backend (Ray: one central gate actor and sharded store actors)."""
     cfg = prepared.config
-    predictor_options = ({"samples": cfg.drafter_samples, "seed": cfg.seed}
-                         if cfg.predictor == "drafter" else {})
     return RunContext(
         clock=prepared.clock, arm=prepared.arm.name, tenant=cfg.tenant,
-        models=backend.models(),
-        fill=FillOptions(fanout=cfg.fanout, depth=cfg.depth,
-                         predictor=cfg.predictor or prepared.workload.predictor,
-                         predictor_options=predictor_options),
-        gate=GateOptions(policy=cfg.gate, p_star=cfg.p_star, profile=cfg.profile,
-                         engines=cfg.workers, seed=cfg.seed),
+        models=backend.models(), fill=prepared.options.fill, gate=prepared.options.gate,
         replay=cfg.engine in ("sim", "zero"),
         make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction),
         make_gate=backend.make_gate)
 
 
-async def _launch_all(prepared: Prepared, orch: Orchestrator) -> list[RequestRecord]:
-    clock, cfg = prepared.clock, prepared.config
+async def _launch(prepared: Prepared, orch: Orchestrator, stream: ResultStream,
+                  interruption: Interruption) -> LaunchOutcome:
+    cfg = prepared.config
     bar = _progress_bar(len(prepared.instances), cfg)
-    t0 = orch.start_run()
-    tasks = []
-
     failed = 0
 
-    async def one(instance: RequestInstance, at: float) -> RequestRecord:
+    def finished(record: RequestRecord) -> None:
         nonlocal failed
-        record = await orch.run_request(instance, at)
-        if record.status == "failed":
+        stream.finished(record)
+        if record.status != "completed":
             failed += 1
             bar.set_postfix(failed=failed, refresh=False)
         bar.update(1)
-        return record
 
+    launcher = Launcher(orch, prepared.clock, prepared.instances, prepared.arrivals,
+                        prepared.options.admission, default_tenant=cfg.tenant,
+                        finished=finished, interruption=interruption)
     try:
-        for instance, at in zip(prepared.instances, prepared.arrivals, strict=True):
-            await clock.sleep_until(t0 + at)
-            tasks.append(asyncio.create_task(one(instance, at), name=instance.request_id))
-        return list(await asyncio.gather(*tasks))
+        return await launcher.run()
     finally:
+        stream.flush()
         bar.close()
 
 

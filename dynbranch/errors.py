@@ -149,6 +149,64 @@ class PromptTooLongError(EngineError):
     """A prompt that cannot fit in the engine's KV pool even when it runs alone."""
 
 
+class EngineDied(EngineError):
+    """An engine that died (its actor or process is gone, or it stopped answering) under a
+    call; the call did not finish there. ``engine_id`` is the engine, ``request_id`` the
+    call; ``retried`` says whether the call had already been retried on another engine."""
+
+    def __init__(self, engine_id: str, request_id: str, cause: str, *, retried: bool = False):
+        self.engine_id, self.request_id, self.cause, self.retried = (engine_id, request_id,
+                                                                     cause, retried)
+        again = " (after a retry on another engine)" if retried else ""
+        super().__init__(f"engine {engine_id} died under call {request_id}{again}: {cause}")
+
+
+class NoEngineError(EngineDied):
+    """Every engine of a model role is down: the call has nowhere to run."""
+
+    def __init__(self, role: str, request_id: str, down: list[str]):
+        self.role, self.down = role, sorted(down)
+        super().__init__(f"<{role}>", request_id,
+                         f"every engine of role {role!r} is down ({', '.join(self.down)})")
+
+
+# -- admission and interruption -----------------------------------------------------------
+
+
+class AdmissionRejected(DynBranchError):
+    """A request refused at arrival: the server already held ``max_inflight`` requests."""
+
+    def __init__(self, request_id: str, inflight: int, max_inflight: int):
+        self.request_id, self.inflight, self.max_inflight = request_id, inflight, max_inflight
+        super().__init__(f"request {request_id} rejected at arrival: {inflight} requests in "
+                         f"flight (--max-inflight {max_inflight})")
+
+
+class DeadlineExceeded(DynBranchError):
+    """A request cancelled because it was not done ``deadline_s`` after its arrival."""
+
+    def __init__(self, request_id: str, deadline_s: float):
+        self.request_id, self.deadline_s = request_id, deadline_s
+        super().__init__(f"request {request_id} not done within {deadline_s:g} s of its "
+                         f"scheduled arrival (--deadline-s); cancelled")
+
+
+class RunInterrupted(DynBranchError):
+    """A request still in flight when the run was interrupted (SIGINT, SIGTERM)."""
+
+    def __init__(self, request_id: str, signal_name: str):
+        self.request_id, self.signal_name = request_id, signal_name
+        super().__init__(f"request {request_id} in flight when the run got {signal_name}")
+
+
+class OutputError(ConfigError):
+    """A result destination (``--out``) that cannot be written: named before the run starts."""
+
+    def __init__(self, out: str, problem: str):
+        self.out, self.problem = out, problem
+        super().__init__(f"--out {out}: {problem}")
+
+
 # -- C1 reuse store ------------------------------------------------------------------------
 
 
@@ -184,6 +242,28 @@ class TicketError(ReuseError):
     """An in-flight ticket finished twice, or finished with another name's record."""
 
 
+class StoreUnavailable(ReuseError):
+    """A store shard that did not answer (dead, restarting, not yet re-synchronised) within
+    its retry policy; callers degrade to a miss."""
+
+    def __init__(self, shard: int, method: str, cause: str):
+        self.shard, self.method, self.cause = shard, method, cause
+        super().__init__(f"store shard {shard}: {method} unavailable: {cause}")
+
+
 class NotSpeculable(DynBranchError):
     """A fill reached a stage it may not run speculatively (not speculable, or a call with
     external effects, or past its depth); the fill stops there, the request is unaffected."""
+
+
+def typed_error_names() -> frozenset[str]:
+    """The class names of every error DynBranch raises on purpose (what ``error_type`` holds
+    for a typed failure); a failure whose type is not among them is *untyped*."""
+    seen: set[str] = set()
+    todo: list[type] = [DynBranchError]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ not in seen:
+            seen.add(cls.__name__)
+            todo.extend(cls.__subclasses__())
+    return frozenset(seen)

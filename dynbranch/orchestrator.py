@@ -14,8 +14,9 @@ and the Ray backend.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from dynbranch.arms.base import Arm
@@ -23,7 +24,7 @@ from dynbranch.audit import Rerun, SpliceAudit
 from dynbranch.canonical import value_digest
 from dynbranch.clock import Clock
 from dynbranch.engines.client import EngineClient
-from dynbranch.errors import DynBranchError, StageError, ToolCallError
+from dynbranch.errors import DeadlineExceeded, DynBranchError, StageError, ToolCallError
 from dynbranch.fill.runner import FillRunner
 from dynbranch.reuse.hook import Served, StageLookup, StageOutcome
 from dynbranch.runtime.execution import RequestState, StageExecutor, remember
@@ -44,7 +45,7 @@ class Orchestrator:
         self.clock, self.arm, self.tenant = clock, arm, self.run.tenant
         self.audit = audit  # re-execute every served stage out of band (the splice checker)
         self.splices = SpliceAudit()  # the checker's own witness of every tool call
-        self.pool = EnginePool(clients, arm.make_placement)
+        self.pool = EnginePool(clients, arm.make_placement, clock=clock)
         self.log = RunLog()
         self.executor = StageExecutor(self.pool, clock, self.log, self.tenant,
                                       witness=self.splices if audit else None)
@@ -52,6 +53,7 @@ class Orchestrator:
         self.branch_hook = arm.make_branch(self.run, self.reuse)
         self.fills = FillRunner(self.executor, self.reuse, self.run.fill.depth)
         self.mechanism_stats: dict[str, Any] = {}
+        self.cleanup_errors, self.last_cleanup_error = 0, ""
 
     async def finish_run(self) -> dict[str, Any]:
         """Collect the mechanisms' counters and holdings (call before engines shut down)."""
@@ -69,9 +71,17 @@ class Orchestrator:
         """Seconds since the run's origin."""
         return self.executor.rel(t)
 
-    async def run_request(self, instance: RequestInstance, scheduled: float) -> RequestRecord:
+    async def run_request(self, instance: RequestInstance, scheduled: float, *,
+                          tenant: str | None = None,
+                          deadline: float | None = None) -> RequestRecord:
         """Run one request to completion or failure; ``scheduled`` is relative to the origin.
 
+        ``tenant`` is the tenant the serving side assigned it (default: the run's); every
+        reuse name of its stages is scoped to it. ``deadline`` (relative to the origin) is
+        when an unfinished request is cancelled with a typed ``deadline`` outcome. Whatever
+        happens inside, a record comes back: failures are typed in it, and the request's
+        cleanup never raises (a store or engine that died during cleanup is counted in
+        ``cleanup_errors``, never charged to the request or the run).
         An arm whose reuse hook answers whole requests (InstCache) may serve it whole.
         """
         at = self.rel()
@@ -80,26 +90,52 @@ class Orchestrator:
             self.log.stages.extend(whole.rows)
             return self._request_record(instance, scheduled, at, lambda: whole.outcome,
                                         stages=len(whole.rows))
-        ctx = RequestContext(self, instance)
+        ctx = RequestContext(self, instance, tenant or self.tenant)
+        until = None if deadline is None else self.clock.now() - self.rel() + deadline
         try:
-            outcome = await self._scored(instance, lambda: instance.run(ctx))
+            outcome = await self._scored(instance, lambda: instance.run(ctx), until,
+                                         None if deadline is None else deadline - scheduled)
         finally:
-            rid = instance.request_id
-            await self.branch_hook.request_ending(rid)
-            fills = await self.fills.request_done(rid)
-            await self.branch_hook.request_done(rid, fills)
+            await self._clean_up(instance.request_id)
         origin = ctx.last_human_end if instance.latency_origin == "last_human" else None
         return RequestRecord(
             request_id=instance.request_id, arrival=scheduled, start=at, end=self.rel(),
             measured_from=origin, stages=ctx.stages_run, prompt_tokens=ctx.prompt_tokens,
-            output_tokens=ctx.output_tokens, **outcome)
+            output_tokens=ctx.output_tokens, tenant=ctx.tenant, **outcome)
 
-    async def _scored(self, instance: RequestInstance, run: Callable[[], Any]) -> dict:
-        """Run the request's program and score its outcome: the record's fate fields."""
+    async def _clean_up(self, rid: str) -> None:
+        """End a request's speculation; an error here is counted, never raised."""
+        await self._quietly(rid, self.branch_hook.request_ending(rid))
+        fills = await self._quietly(rid, self.fills.request_done(rid), [])
+        await self._quietly(rid, self.branch_hook.request_done(rid, fills))
+
+    async def _quietly(self, rid: str, step: Awaitable[Any], default: Any = None) -> Any:
         try:
-            correct = float(instance.score(await run()))
+            return await step
+        except Exception as e:  # NOTE: a dead store or gate must not fail the request
+            self.cleanup_errors += 1
+            self.last_cleanup_error = f"{rid}: {type(e).__name__}: {e}"
+            return default
+
+    async def _scored(self, instance: RequestInstance, run: Callable[[], Any],
+                      until: float | None = None, budget_s: float | None = None) -> dict:
+        """Run the request's program (cancelled at clock time ``until``, if given) and
+        score its outcome: the record's fate fields."""
+        deadline = (asyncio.timeout_at(until) if until is not None
+                    else contextlib.nullcontext())
+        try:
+            async with deadline:
+                value = await run()
+            correct = float(instance.score(value))
         except DynBranchError as e:
             return {"status": "failed", "error_type": type(e).__name__, "error": str(e)}
+        except TimeoutError as e:
+            if until is not None and deadline.expired():
+                late = DeadlineExceeded(instance.request_id, budget_s or 0.0)
+                return {"status": "deadline", "error_type": type(late).__name__,
+                        "error": str(late)}
+            return {"status": "failed", "error_type": type(e).__name__,
+                    "error": f"unexpected: {e!r}"}
         except Exception as e:  # a workload bug must fail its request, not the run
             return {"status": "failed", "error_type": type(e).__name__,
                     "error": f"unexpected: {e!r}"}
@@ -122,10 +158,11 @@ class Orchestrator:
 class RequestContext:
     """The :class:`~dynbranch.workload.StageContext` of one request."""
 
-    def __init__(self, orch: Orchestrator, instance: RequestInstance) -> None:
-        self._o, self.instance = orch, instance
+    def __init__(self, orch: Orchestrator, instance: RequestInstance,
+                 tenant: str = "default") -> None:
+        self._o, self.instance, self.tenant = orch, instance, tenant
         self._ex = orch.executor
-        self.state = RequestState(instance)
+        self.state = RequestState(instance, tenant)
         self.request_id = instance.request_id
         self.stages_run = self.prompt_tokens = self.output_tokens = self._calls = 0
         self.last_human_end: float | None = None

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from dynbranch.audit import unsafe_splices, unverified_splices
+from dynbranch.outdir import OutDir
 from dynbranch.runtime.runlog import BranchRecord, RequestRecord, StageRecord
 
 SUMMARY_FIELDS = (
@@ -39,7 +41,7 @@ def summarize(run: Mapping[str, Any], requests: Sequence[RequestRecord],
     out: dict[str, Any] = {
         **{k: run[k] for k in ("workload", "arm", "engine", "backend", "rate")},
         "requests": len(requests), "completed": len(done),
-        "failed": len(requests) - len(done),
+        "failed": sum(r.status == "failed" for r in requests),
         "mean_latency_s": _f(np.mean(lat)), "p50_latency_s": _f(np.percentile(lat, 50)),
         "p99_latency_s": _f(np.percentile(lat, 99)),
         "accuracy": _f(np.mean(scored)) if scored else None,
@@ -63,6 +65,8 @@ def summarize(run: Mapping[str, Any], requests: Sequence[RequestRecord],
         "prompt_tokens": int(sum(r.prompt_tokens for r in requests)),
         "output_tokens": int(sum(r.output_tokens for r in requests)),
         "stages": len(stages),
+        **fate_counts(requests),
+        "tenant_reuse": tenant_reuse(requests, stages),
         "errors": _error_counts(requests),
         **dict(mechanisms or {}),
     })
@@ -74,29 +78,78 @@ def _f(x: Any) -> float | None:
     return None if np.isnan(x) else round(x, 6)
 
 
+FATES = ("completed", "failed", "rejected", "deadline", "interrupted")
+"""Every status a request record can have: it ran to its end, it failed with a typed error,
+admission refused it at arrival (``--max-inflight``), it was cancelled at its deadline
+(``--deadline-s``), or it was in flight when the run was interrupted."""
+
+
+def fate_counts(requests: Sequence[RequestRecord]) -> dict[str, int]:
+    """How many requests were rejected, hit their deadline or were interrupted (completed and
+    failed are summary fields of their own)."""
+    return {"rejected": sum(r.status == "rejected" for r in requests),
+            "deadline": sum(r.status == "deadline" for r in requests),
+            "interrupted_requests": sum(r.status == "interrupted" for r in requests)}
+
+
+def tenant_reuse(requests: Sequence[RequestRecord],
+                 stages: Sequence[StageRecord]) -> dict[str, int]:
+    """Served stages (cache, shadow, join) by whether the request that executed what they
+    were served ran for the same tenant: the stage log's own check that reuse never crosses
+    tenants (``cross_tenant`` must be 0), independent of how names are built."""
+    tenant = {r.request_id: r.tenant for r in requests}
+    producer: dict[str, str] = {}
+    counts = {"same_tenant": 0, "cross_tenant": 0, "unattributed": 0}
+    for s in sorted(stages, key=lambda s: (s.end, s.start)):
+        if s.served_from == "exec" and s.reuse_name and not s.error:
+            producer.setdefault(s.reuse_name, s.request_id)
+        elif s.served_from != "exec":
+            source = producer.get(s.reuse_name)
+            if source is None or source not in tenant or s.request_id not in tenant:
+                counts["unattributed"] += 1
+            else:
+                same = tenant[source] == tenant[s.request_id]
+                counts["same_tenant" if same else "cross_tenant"] += 1
+    return counts
+
+
 def _error_counts(requests: Sequence[RequestRecord]) -> dict[str, int]:
+    """Requests that did not complete, by error type (typed rejections and deadlines too)."""
     counts: dict[str, int] = {}
     for r in requests:
-        if r.status == "failed":
+        if r.status != "completed":
             counts[r.error_type] = counts.get(r.error_type, 0) + 1
     return counts
 
 
-def write_results(out: Path, summary: Mapping[str, Any], requests: Sequence[RequestRecord],
-                  stages: Sequence[StageRecord], branches: Sequence[BranchRecord]) -> None:
-    """Write every result file of a replay into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_plain) + "\n")
-    requests_frame(requests).to_parquet(out / "requests.parquet", index=False)
-    stages_frame(stages).to_parquet(out / "stages.parquet", index=False)
-    pd.DataFrame([b.row() for b in branches],
-                 columns=["request_id", "coordinate", "candidates", "chosen", "opened_at",
-                          "resolved_at"]).to_parquet(out / "branches.parquet", index=False)
+def write_results(out: OutDir | Path | str, summary: Mapping[str, Any],
+                  requests: Sequence[RequestRecord], stages: Sequence[StageRecord],
+                  branches: Sequence[BranchRecord]) -> None:
+    """Write every result file of a replay into ``out`` (a path or a filesystem URI).
+
+    Each file is written atomically; ``summary.json`` goes last, so a directory holding it
+    holds every other file of the same run.
+    """
+    out = OutDir.parse(out)
+    out.make()
+    out.write_bytes("requests.parquet", _parquet(requests_frame(requests)))
+    out.write_bytes("stages.parquet", _parquet(stages_frame(stages)))
+    out.write_bytes("branches.parquet", _parquet(pd.DataFrame(
+        [b.row() for b in branches], columns=["request_id", "coordinate", "candidates",
+                                              "chosen", "opened_at", "resolved_at"])))
+    png = io.BytesIO()
     plot_latency_cdf({summary["arm"]: [r.latency for r in requests
                                         if r.status == "completed"]},
-                     out / "latency_cdf.png",
-                     title=f"{summary['workload']} · {summary['engine']} · "
-                           f"{summary['backend']} · λ={summary['rate']}/s")
+                     png, title=f"{summary['workload']} · {summary['engine']} · "
+                                f"{summary['backend']} · λ={summary['rate']}/s")
+    out.write_bytes("latency_cdf.png", png.getvalue())
+    out.write_text("summary.json", json.dumps(summary, indent=2, default=_plain) + "\n")
+
+
+def _parquet(frame: pd.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    return buf.getvalue()
 
 
 def _plain(value: Any) -> Any:
@@ -119,8 +172,10 @@ def stages_frame(stages: Sequence[StageRecord]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot_latency_cdf(series: Mapping[str, Sequence[float]], path: Path, title: str) -> None:
-    """Empirical latency CDFs, one line per named series, on one set of axes."""
+def plot_latency_cdf(series: Mapping[str, Sequence[float]], path: Path | io.BytesIO,
+                     title: str) -> None:
+    """Empirical latency CDFs, one line per named series, on one set of axes (into a PNG
+    file or buffer)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,7 +194,7 @@ def plot_latency_cdf(series: Mapping[str, Sequence[float]], path: Path, title: s
     ax.set_title(title, fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
 
 
@@ -156,6 +211,8 @@ def report(summary: Mapping[str, Any]) -> str:
         line("Engine / backend:", f"{s['engine']}/{s['backend']}"),
         line("Clock:", s.get("clock")),
         line("Successful requests:", s["completed"]), line("Failed requests:", s["failed"]),
+        line("Rejected at admission / past deadline:",
+             f"{s.get('rejected', 0)}/{s.get('deadline', 0)}"),
         line("Request rate (req/s):", s["rate"], ".2f"),
         line("Run duration on the clock (s):", s.get("simulated_s"), ".2f"),
         line("Wall time (s):", s["wall_s"], ".2f"),
@@ -180,4 +237,8 @@ def report(summary: Mapping[str, Any]) -> str:
     if s.get("errors"):
         rows.insert(-1, line("Failures by error:", ", ".join(
             f"{k}={v}" for k, v in s["errors"].items())))
+    if s.get("interrupted"):
+        rows.insert(1, line("INTERRUPTED by:", s.get("interrupted_by", "signal")))
+        rows.insert(2, line("In flight when interrupted / never started:",
+                            f"{s.get('interrupted_requests', 0)}/{s.get('not_started', 0)}"))
     return "\n".join(rows)

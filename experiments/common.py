@@ -1,6 +1,8 @@
 """What every experiment shares: cells of replays, pairing with the floor, result files.
 
-An experiment is a list of :class:`Cell` s — one replay each, on the local backend and the
+An experiment writes into a directory or a filesystem URI (:func:`staged`: a remote
+destination gets the files once the experiment has finished). An experiment is a list of
+:class:`Cell` s — one replay each, on the local backend and the
 virtual clock unless the cell says otherwise — whose summaries become rows. Rows that differ
 only in arm are *paired*: the same requests, arrival schedule and seed, so each arm's
 ``reduction_vs_floor`` is ``1 - mean_latency / floor's mean_latency`` within its pair.
@@ -8,9 +10,12 @@ only in arm are *paired*: the same requests, arrival schedule and seed, so each 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from dynbranch.driver import ReplayConfig, prepare, run_replay
+from dynbranch.outdir import OutDir
 
 ROW_FIELDS = ("workload", "arm", "variant", "rate", "requests", "seed", "mean_latency_s",
               "p50_latency_s", "p99_latency_s", "reduction_vs_floor", "accuracy",
@@ -92,14 +98,48 @@ class Experiment:
 
 
 def write_experiment(exp: Experiment, out: Path) -> None:
-    """``results.parquet``, ``summary.json``, every plot and ``report.md`` into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(exp.rows).to_parquet(out / "results.parquet", index=False)
-    summary = {"experiment": exp.name, "rows": exp.rows, "paper": exp.paper}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json) + "\n")
+    """``results.parquet``, ``summary.json``, every plot and ``report.md`` into ``out``
+    (each file written atomically; ``summary.json`` last)."""
+    dest = OutDir.parse(out)
+    dest.make()
+    buf = io.BytesIO()
+    pd.DataFrame(exp.rows).to_parquet(buf, index=False)
+    dest.write_bytes("results.parquet", buf.getvalue())
     for filename, plot in exp.plots.items():
-        plot(out / filename)
-    (out / "report.md").write_text(exp.report.rstrip() + "\n")
+        # NOTE: drawn beside the target under a hidden name with the same suffix (the
+        # plotting code picks the format from it), then moved on in one step.
+        tmp = Path(out) / f".{filename}.part{Path(filename).suffix}"
+        plot(tmp)
+        dest.write_bytes(filename, tmp.read_bytes())
+        tmp.unlink()
+    dest.write_text("report.md", exp.report.rstrip() + "\n")
+    summary = {"experiment": exp.name, "rows": exp.rows, "paper": exp.paper}
+    dest.write_text("summary.json", json.dumps(summary, indent=2, default=_json) + "\n")
+
+
+@contextlib.contextmanager
+def staged(dest: OutDir) -> Iterator[Path]:
+    """A local directory to run an experiment into: ``dest`` itself when it is on this
+    machine's filesystem, else a temporary one whose files are uploaded to ``dest`` (each
+    atomically) when the block ends without an error."""
+    if dest.local is not None:
+        yield dest.local
+        return
+    with tempfile.TemporaryDirectory(prefix="dynbranch-experiment-") as tmp:
+        yield Path(tmp)
+        upload_tree(Path(tmp), dest)
+
+
+def upload_tree(local: Path, dest: OutDir) -> list[str]:
+    """Copy every file under ``local`` to the same relative path under ``dest`` (each
+    atomically, ``summary.json`` files last); returns the relative paths copied."""
+    files = sorted((p for p in local.rglob("*") if p.is_file()),
+                   key=lambda p: (p.name == "summary.json", str(p)))
+    names = [str(p.relative_to(local)) for p in files]
+    dest.make()
+    for path, name in zip(files, names, strict=True):
+        dest.write_bytes(name, path.read_bytes())
+    return names
 
 
 def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:

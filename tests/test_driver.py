@@ -64,7 +64,7 @@ def test_same_seed_on_the_virtual_clock_gives_an_identical_stage_log(tmp_path):
     ({"arm": "magic"}, UnknownNameError, "unknown arm 'magic'"),
     ({"engine": "tpu"}, UnknownNameError, "unknown engine 'tpu'"),
     ({"backend": "ray", "clock": "virtual"}, ConfigError, "virtual clock runs in one process"),
-    ({"requests": 0}, ConfigError, "--requests >= 1"),
+    ({"requests": 0}, ConfigError, "--requests must be >= 1"),
 ])
 def test_bad_settings_are_refused_before_anything_starts(tmp_path, kw, error, match):
     with pytest.raises(error, match=match):

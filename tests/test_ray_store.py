@@ -333,14 +333,15 @@ def test_the_backend_makes_store_actors_and_kills_them_at_shutdown(local_ray):
         try:
             client = backend.make_store(1 << 20)
             await client.put(r, 0.0)
-            return client, await look(client, r), await client.stats()
+            actors = list(backend._store_actors)
+            return client, await look(client, r), await client.stats(), actors
         finally:
             await backend.shutdown()
 
-    client, hit, stats = clock.run(main())
-    assert isinstance(client, RayStoreClient) and client.shards == 2
+    client, hit, stats, actors = clock.run(main())
+    assert isinstance(client, RayStoreClient) and client.shards == 2 and len(actors) == 2
     assert isinstance(hit, Hit) and stats["records_held"] == 1
-    assert all(_dies(actor) for actor in client._shards)
+    assert all(_dies(actor) for actor in actors)
 
 
 def _dies(actor, timeout: float = 20.0) -> bool:

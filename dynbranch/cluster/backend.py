@@ -10,15 +10,16 @@ engine on each GPU of a cluster and a CPU fraction each on a laptop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from dynbranch.backend import Backend, EngineClient, EngineSpec
 from dynbranch.clock import Clock
 from dynbranch.cluster.store import DEFAULT_SHARDS
 from dynbranch.engines.protocol import GenerateRequest, GenerateResult, LoadSnapshot
-from dynbranch.errors import ConfigError
+from dynbranch.errors import ConfigError, EngineDied
 from dynbranch.reuse.client import StoreClient
 
 if TYPE_CHECKING:
@@ -30,6 +31,12 @@ GPU_ENGINES = ("vllm",)
 """Engine kinds that need a whole GPU per actor."""
 CPU_PER_SIM_ENGINE = 0.25
 PLACEMENT_TIMEOUT_S = 60.0
+ENGINE_RESTARTS = 4
+"""Times Ray rebuilds one engine actor whose process died, per run (then it stays down)."""
+SHUTDOWN_TIMEOUT_S = 30.0
+"""Seconds the engines get to shut down cleanly before they are killed."""
+HEALTH_TIMEOUT_S = 2.0
+"""Seconds an engine's health probe or load snapshot may take before it counts as down."""
 
 
 def connect(address: str | None, workers: int) -> bool:
@@ -54,19 +61,71 @@ def connect(address: str | None, workers: int) -> bool:
 
 
 class RayEngineClient(EngineClient):
-    """The orchestrator's handle on an engine actor."""
+    """The orchestrator's handle on an engine actor.
 
-    def __init__(self, actor, engine_id: str) -> None:
+    A call whose actor died (or is restarting) raises :class:`~dynbranch.errors.EngineDied`;
+    an error the engine itself raised comes back as itself (a typed engine error), not
+    wrapped in Ray's task error. ``health`` and ``load`` answer within their timeouts
+    (wall clock: they bound RPCs, and the Ray backend runs on the real clock only).
+    """
+
+    remote = True
+
+    def __init__(self, actor, engine_id: str, *, health_timeout_s: float = HEALTH_TIMEOUT_S
+                 ) -> None:
         self._actor, self.engine_id = actor, engine_id
+        self.health_timeout_s = health_timeout_s
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self._actor.generate.remote(request)
+        with _engine_errors(self.engine_id, request.request_id):
+            return await self._actor.generate.remote(request)
 
     async def abort(self, request_id: str) -> bool:
-        return await self._actor.abort.remote(request_id)
+        with _engine_errors(self.engine_id, request_id):
+            return await self._actor.abort.remote(request_id)
 
     async def load(self) -> LoadSnapshot:
-        return await self._actor.load.remote()
+        with _engine_errors(self.engine_id, "load"):
+            try:
+                return await asyncio.wait_for(self._actor.load.remote(),
+                                              self.health_timeout_s)
+            except TimeoutError:
+                raise EngineDied(self.engine_id, "load",
+                                 f"no load reply within {self.health_timeout_s:g}s") from None
+
+    async def health(self) -> bool:
+        """The actor's health within the timeout; ``False`` when dead, restarting or slow.
+
+        NOTE: a restarted actor starts its engine on this first call, which may take longer
+        than one timeout for a real model; the pool simply probes again.
+        """
+        try:
+            return bool(await asyncio.wait_for(self._actor.health.remote(),
+                                               self.health_timeout_s))
+        except Exception:  # NOTE: dead, restarting, timed out or raised: not serving
+            return False
+
+
+@contextlib.contextmanager
+def _engine_errors(engine_id: str, request_id: str) -> Iterator[None]:
+    """Ray's errors as DynBranch's: a dead actor is ``EngineDied``; an engine's own error is
+    unwrapped from the task error that carries it."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    try:
+        yield
+    except RayActorError as e:
+        raise EngineDied(engine_id, request_id, f"{type(e).__name__}: {_first_line(e)}") \
+            from None
+    except RayTaskError as e:
+        if isinstance(e.cause, Exception):
+            raise e.cause from None
+        raise
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 class RayBackend(Backend):
@@ -81,6 +140,7 @@ class RayBackend(Backend):
         self.clock, self._roles, self._address = clock, dict(roles), address
         self._actors: list = []
         self._store_actors: list = []
+        self.shard_sets: list = []  # one per store made (its counters go into the summary)
         self._clients: dict[str, list[EngineClient]] = {}
         self._pg = None
         self._started_ray = False
@@ -121,6 +181,7 @@ class RayBackend(Backend):
                 actor = remote_cls.options(
                     num_cpus=bundle.get("CPU", 0.0), num_gpus=bundle.get("GPU", 0.0),
                     resources={ENGINE_RESOURCE: 1.0}, max_concurrency=10_000,
+                    max_restarts=ENGINE_RESTARTS, max_task_retries=0,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         self._pg, placement_group_bundle_index=index),
                 ).remote(spec.kind, spec.model_path or spec.profile, engine_id, spec.config)
@@ -136,17 +197,25 @@ class RayBackend(Backend):
     def make_store(self, capacity_bytes: int, policy: str = "lru", *,
                    shards: int = DEFAULT_SHARDS) -> StoreClient:
         """C1's store as ``shards`` store actors (``capacity_bytes`` split evenly) holding
-        records in Ray's object store; they live until :meth:`shutdown`."""
+        records in Ray's object store; they live until :meth:`shutdown`.
+
+        Shards restart when their process dies, and the client reaches them through
+        :class:`~dynbranch.cluster.shard_set.ShardSet`, so a dead shard costs misses,
+        never a request (see :mod:`dynbranch.cluster.store_faults`).
+        """
         import ray
 
-        from dynbranch.cluster.store import RayStoreClient, make_shards
+        from dynbranch.cluster.shard_set import ShardSet
+        from dynbranch.cluster.store import RayStoreClient
+        from dynbranch.cluster.store_faults import make_restartable_shards
 
         if not ray.is_initialized():
             raise ConfigError("RayBackend.make_store needs a connected backend: call start() "
                               "first")
-        actors = make_shards(capacity_bytes, policy, shards)
+        actors = make_restartable_shards(capacity_bytes, policy, shards)
         self._store_actors.extend(actors)
-        return RayStoreClient(actors)
+        self.shard_sets.append(ShardSet(actors))
+        return RayStoreClient(self.shard_sets[-1].handles)
 
     def make_gate(self, model: ContentionModel, config: GateConfig, *,
                   checkpoint_dir: str | None = None) -> RayGateClient:
@@ -175,17 +244,28 @@ class RayBackend(Backend):
 
         try:
             if self._actors:
-                await _gather([a.shutdown.remote() for a in self._actors])
+                # NOTE: an engine that died mid-run cannot shut down; it is killed below like
+                # the rest, and a run's results never wait on it.
+                await asyncio.wait_for(asyncio.gather(
+                    *(a.shutdown.remote() for a in self._actors), return_exceptions=True),
+                    SHUTDOWN_TIMEOUT_S)
+        except TimeoutError:
+            pass
         finally:
+            # NOTE: each step on its own: one actor that is already gone must not keep the
+            # rest (or Ray itself) running.
             for a in self._actors + self._store_actors:
-                ray.kill(a)
+                with contextlib.suppress(Exception):
+                    ray.kill(a)
             self._actors.clear()
             self._store_actors.clear()
             if getattr(self, "_gate", None) is not None:
-                self._gate.stop()
+                with contextlib.suppress(Exception):
+                    self._gate.stop()
                 self._gate = None
             if self._pg is not None:
-                remove_placement_group(self._pg)
+                with contextlib.suppress(Exception):
+                    remove_placement_group(self._pg)
                 self._pg = None
             if self._started_ray:
                 ray.shutdown()

@@ -4,15 +4,23 @@ A plain class (made remote by :class:`~dynbranch.cluster.backend.RayBackend` whe
 created) so it can be unit-tested without Ray. Its methods are ``async``: Ray runs them
 on the actor's event loop, which is also the loop the engine's step task runs on, so many
 generate calls overlap in one actor exactly as they do in process.
+
+The backend creates it with ``max_restarts``: when its process dies, Ray builds it again
+with the same arguments, and the first call to reach the new instance starts its engine
+(:meth:`EngineActor.ready`), so a restarted engine serves without anyone calling
+:meth:`EngineActor.start` again. Its ``health`` is what the pool's probe asks.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import AsyncIterator
 
 from dynbranch.clock import RealClock
 from dynbranch.engines.config import EngineConfig
 from dynbranch.engines.protocol import (
+    Engine,
     GenerateChunk,
     GenerateRequest,
     GenerateResult,
@@ -33,36 +41,64 @@ class EngineActor:
         self.kind, self.profile, self.engine_id = kind, profile, engine_id
         self.config = config
         self._engine = None
+        self._starting: asyncio.Task | None = None
 
     async def start(self) -> str:
-        """Build and start the engine inside the actor's loop; returns its id."""
+        """Build and start the engine inside the actor's loop (once); returns its id."""
+        await self.ready()
+        return self.engine_id
+
+    async def ready(self) -> Engine:
+        """The started engine, starting it first if this instance has not yet (a restart).
+
+        NOTE: concurrent first calls share one start.
+        """
+        if self._engine is None:
+            if self._starting is None:
+                self._starting = asyncio.get_running_loop().create_task(self._start())
+            await asyncio.shield(self._starting)
+        assert self._engine is not None
+        return self._engine
+
+    async def _start(self) -> None:
         from dynbranch.engines import make_engine
 
-        self._engine = make_engine(
+        engine = make_engine(
             self.kind,
             profile=self.profile,
             clock=RealClock(),
             engine_id=self.engine_id,
             config=self.config,
         )
-        await self._engine.start()
-        return self.engine_id
+        await engine.start()
+        self._engine = engine
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self._engine.generate(request)
+        return await (await self.ready()).generate(request)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        async for chunk in self._engine.generate_stream(request):
+        async for chunk in (await self.ready()).generate_stream(request):
             yield chunk
 
     async def abort(self, request_id: str) -> bool:
-        return await self._engine.abort(request_id)
+        return await (await self.ready()).abort(request_id)
 
     async def load(self) -> LoadSnapshot:
-        return self._engine.load()
+        return (await self.ready()).load()
 
     async def health(self) -> bool:
-        return self._engine is not None and await self._engine.health()
+        """Whether the engine serves (starting it first after a restart)."""
+        return await (await self.ready()).health()
+
+    async def pid(self) -> int:
+        """The actor's process id (fault injection kills it to crash the actor)."""
+        return os.getpid()
+
+    async def node(self) -> str:
+        """The id of the Ray node the actor runs on (where placement put it)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     async def shutdown(self) -> None:
         if self._engine is not None:

@@ -8,14 +8,42 @@ actors with the same coroutines, so everything above runs unchanged on both.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from dynbranch.engines.protocol import Engine, GenerateRequest, GenerateResult, LoadSnapshot
 
+SATURATED = 1 << 20
+"""Sequences a :class:`DownSnapshot` reports running and waiting: more than any engine holds."""
+
+
+@dataclass(frozen=True)
+class DownSnapshot(LoadSnapshot):
+    """The load snapshot of an engine that is down (dead, restarting, not answering).
+
+    Explicit, never silently idle: the load view leaves a down engine out of the capacity it
+    normalises by (by this type), and any other reader sees it saturated (every sequence
+    slot and KV block taken, always busy), so nothing is placed or priced onto it.
+    """
+
+    reason: str = ""
+
+    @classmethod
+    def of(cls, engine_id: str, time: float, reason: str) -> DownSnapshot:
+        """The snapshot of down engine ``engine_id`` at ``time``."""
+        return cls(engine_id, time, running=SATURATED, waiting=SATURATED, kv_blocks_used=1,
+                   kv_blocks_total=1, busy=1.0, reason=reason)
+
 
 class EngineClient(ABC):
-    """The orchestrator's handle on one engine."""
+    """The orchestrator's handle on one engine.
+
+    ``remote`` is true for an engine in another process: it can die or hang without raising
+    here, so the pool races its calls against its health (see
+    :class:`~dynbranch.runtime.pool.EnginePool`).
+    """
 
     engine_id: str
+    remote: bool = False
 
     @abstractmethod
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -28,6 +56,10 @@ class EngineClient(ABC):
     @abstractmethod
     async def load(self) -> LoadSnapshot:
         """The engine's load snapshot."""
+
+    async def health(self) -> bool:
+        """Whether the engine answers and is serving (its health probe); never raises."""
+        return True
 
 
 class LocalEngineClient(EngineClient):
@@ -45,3 +77,9 @@ class LocalEngineClient(EngineClient):
 
     async def load(self) -> LoadSnapshot:
         return self.engine.load()
+
+    async def health(self) -> bool:
+        try:
+            return await self.engine.health()
+        except Exception:  # NOTE: a probe reports; it never fails its caller
+            return False

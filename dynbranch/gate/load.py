@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+from dynbranch.engines.client import DownSnapshot
 from dynbranch.engines.profile import Profile
 from dynbranch.engines.protocol import LoadSnapshot
 
@@ -106,22 +107,27 @@ class LoadView:
         """Aggregate the engines' snapshots into one view normalised by ``budget``.
 
         NOTE: every engine must report; a missing one would silently read as idle and
-        underprice the fills placed on the others.
+        underprice the fills placed on the others. An engine that is down reports a
+        :class:`~dynbranch.engines.client.DownSnapshot`: it has no capacity, so the budget
+        shrinks to the engines that are up (the load on them reads higher, as it is), and
+        with none up the view is saturated (nothing can be admitted).
         """
         if len(snapshots) != budget.engines:
             raise ValueError(
                 f"expected one snapshot per engine ({budget.engines}), got {len(snapshots)}"
             )
-        spec = sum(s.spec_running + s.spec_waiting for s in snapshots)
-        spec_kv = sum(s.spec_kv_blocks for s in snapshots)
-        canonical = sum(
-            (s.running - s.spec_running) + (s.waiting - s.spec_waiting) for s in snapshots
-        )
+        up = [s for s in snapshots if not isinstance(s, DownSnapshot)]
+        if not up:
+            return cls(1.0, 1.0, 1.0, 1.0)
+        share = len(up) / budget.engines
+        spec = sum(s.spec_running + s.spec_waiting for s in up)
+        spec_kv = sum(s.spec_kv_blocks for s in up)
+        canonical = sum((s.running - s.spec_running) + (s.waiting - s.spec_waiting) for s in up)
         return cls(
-            o_fill=_capped(spec / budget.total_fill_slots),
-            o_kv=_capped(spec_kv / budget.total_spec_kv_blocks),
-            rho=_capped(canonical / budget.total_seq_slots),
-            busy=_capped(sum(s.busy for s in snapshots) / len(snapshots)),
+            o_fill=_capped(spec / (budget.total_fill_slots * share)),
+            o_kv=_capped(spec_kv / (budget.total_spec_kv_blocks * share)),
+            rho=_capped(canonical / (budget.total_seq_slots * share)),
+            busy=_capped(sum(s.busy for s in up) / len(up)),
         )
 
     def max(self, other: LoadView) -> LoadView:

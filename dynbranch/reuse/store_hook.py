@@ -89,9 +89,11 @@ class StoreReuseHook(ReuseHook):
             model_name, revision = (model.model, model.revision) if model else (spec.model, "")
         else:
             model_name, revision = f"tool:{spec.tool}", ""
-        tenant = self.run.tenant if self.cross_request else f"{self.run.tenant}/{call.request_id}"
+        # NOTE: the tenant is a key field of its own and a request scope an extra key, so no
+        # tenant string can spell another tenant's (or another request's) scope.
+        scope = None if self.cross_request else {"request": call.request_id}
         return key_for(spec, call.fingerprint, call.rendered, model=model_name,
-                       revision=revision, tenant=tenant)
+                       revision=revision, tenant=call.tenant, extra=scope)
 
     # -- canonical stages -----------------------------------------------------------------
 

@@ -29,10 +29,10 @@ Lineage = list[tuple[str, str]]
 
 
 class RequestState:
-    """One request's instance and lineage: what its stages are rendered from."""
+    """One request's instance, tenant and lineage: what its stages are rendered from."""
 
-    def __init__(self, instance: RequestInstance) -> None:
-        self.instance = instance
+    def __init__(self, instance: RequestInstance, tenant: str = "default") -> None:
+        self.instance, self.tenant = instance, tenant
         self.request_id = instance.request_id
         self.lineage: Lineage = []
 
@@ -59,7 +59,7 @@ class RequestState:
             upstream += upstream_of(extra_lineage, rendered.text)
         return StageCall(self.request_id, spec, template.fingerprint(stage), rendered,
                          reusable=self._reusable(spec, rendered.fields),
-                         upstream=upstream)
+                         upstream=upstream, tenant=self.tenant)
 
     def _reusable(self, spec: StageSpec, fields: Mapping[str, Any]) -> bool:
         if not spec.speculable:
@@ -116,7 +116,7 @@ class StageExecutor:
             request_id=call_id, prompt=call.rendered.text, max_tokens=spec.sampling.max_tokens,
             replay_text=instance.replay_text(call.rendered), priority=priority,
             temperature=spec.sampling.temperature, top_p=spec.sampling.top_p,
-            seed=spec.sampling.seed, cache_salt=self.tenant, session=call.request_id)
+            seed=spec.sampling.seed, cache_salt=call.tenant, session=call.request_id)
         return await self.pool.generate(spec.model, request)
 
     def call_tool(self, call: StageCall, tool: Tool) -> tuple[ToolResult, float]:

@@ -1,12 +1,28 @@
-"""The engines of each model role, and where each call goes."""
+"""The engines of each model role, where each call goes, and which engines are down.
+
+:class:`EnginePool` keeps each engine's open-call count (what placement decides on) and its
+health. An engine is *down* from the moment a call on it raises
+:class:`~dynbranch.errors.EngineDied`, its load cannot be read, or a health sweep finds it
+not serving, until its health probe answers again (Ray restarts a dead engine actor; the
+pool only watches). A down engine gets no calls: placement sees it saturated and the pool
+overrides any policy that still picks it; the load view gets an explicit
+:class:`~dynbranch.engines.client.DownSnapshot` for it. A call in flight on an engine that
+goes down is abandoned (aborted) and, when it is idempotent (a replayed stage, or greedy
+decoding: running it twice returns the same text), retried once on another engine;
+otherwise, or when the retry dies too, it raises ``EngineDied`` into its request.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-from dynbranch.engines.client import EngineClient
+from dynbranch.clock import Clock
+from dynbranch.engines.client import SATURATED, DownSnapshot, EngineClient
 from dynbranch.engines.protocol import GenerateRequest, GenerateResult, LoadSnapshot
+from dynbranch.errors import EngineDied, NoEngineError
 from dynbranch.runtime.placement import PlacementPolicy
 
 TARGET_ROLE = "target"
@@ -15,40 +31,108 @@ DRAFTER_ROLE = "drafter"
 """The model role of the engines predictors draft on (never serves a stage, never priced)."""
 
 
-class EnginePool:
-    """The engines of each model role, with the open-call counts placement decides on."""
+@dataclass(frozen=True)
+class HealthPolicy:
+    """How the pool watches its engines (seconds on the run clock).
 
-    def __init__(self, clients: Mapping[str, Sequence[EngineClient]],
-                 placement: Callable[[], PlacementPolicy]) -> None:
-        self._clients = {role: list(cs) for role, cs in clients.items()}
-        self._open = {role: [0] * len(cs) for role, cs in self._clients.items()}
-        self._placement = {role: placement() for role in self._clients}
+    ``probe_s`` (> 0) is the pause between health probes of a down engine; ``sweep_s``
+    (> 0, or ``None``: no sweep) the period of the sweep over every engine that finds one
+    which stopped serving without failing a call (a hung actor, a lost node).
+    """
+
+    probe_s: float = 0.5
+    sweep_s: float | None = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.probe_s > 0 or (self.sweep_s is not None and not self.sweep_s > 0):
+            raise ValueError(
+                f"HealthPolicy needs probe_s > 0 and sweep_s > 0 or None "
+                f"(got {self.probe_s}, {self.sweep_s})"
+            )
+
+
+def idempotent(request: GenerateRequest) -> bool:
+    """Whether running ``request`` twice returns the same text: a replayed stage (its text is
+    the trace's) or greedy decoding."""
+    return request.replay_text is not None or request.temperature == 0.0
+
+
+class _Engine:
+    """One engine's place in the pool: its client, open calls and health."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+        self.open = 0
+        self.down_reason: str | None = None
+        self.gone: asyncio.Future | None = None  # set when it goes down; calls race it
+        self.probe: asyncio.Task | None = None
+
+    @property
+    def up(self) -> bool:
+        return self.down_reason is None
+
+
+class EnginePool:
+    """The engines of each model role, with the open-call counts placement decides on.
+
+    ``clock`` paces the health probes (without it, a down engine stays down for the run);
+    ``health`` says how often.
+    """
+
+    def __init__(
+        self,
+        clients: Mapping[str, Sequence[EngineClient]],
+        placement: Callable[[], PlacementPolicy],
+        *,
+        clock: Clock | None = None,
+        health: HealthPolicy | None = None,
+    ) -> None:
+        self._engines = {role: [_Engine(c) for c in cs] for role, cs in clients.items()}
+        self._placement = {role: placement() for role in self._engines}
+        self.clock, self.health = clock, health or HealthPolicy()
+        self._sweep: asyncio.Task | None = None
+        self._remote = any(e.client.remote for es in self._engines.values() for e in es)
+        self.counts = {"went_down": 0, "retried": 0, "recovered": 0, "abandoned": 0}
 
     def roles(self) -> list[str]:
-        return list(self._clients)
+        return list(self._engines)
 
     @property
     def drafts(self) -> bool:
         """Whether the pool has drafter engines for predictors to draft on."""
-        return DRAFTER_ROLE in self._clients
+        return DRAFTER_ROLE in self._engines
 
-    async def generate(self, role: str, request: GenerateRequest
-                       ) -> tuple[EngineClient, GenerateResult]:
-        """Place ``request`` on an engine of ``role`` and run it."""
-        clients = self._clients.get(role)
-        if not clients:
+    def down(self) -> dict[str, str]:
+        """Engine id → why it is down, for every engine that is down now."""
+        return {
+            e.client.engine_id: e.down_reason
+            for es in self._engines.values()
+            for e in es
+            if e.down_reason is not None
+        }
+
+    async def generate(
+        self, role: str, request: GenerateRequest
+    ) -> tuple[EngineClient, GenerateResult]:
+        """Place ``request`` on an engine of ``role`` that is up and run it (retried once on
+        another engine if that one dies and the call is idempotent)."""
+        engines = self._engines.get(role)
+        if not engines:
             raise KeyError(f"no engines for model role {role!r}; roles: {self.roles()}")
-        i = self._placement[role].choose(self._open[role], request)
-        self._open[role][i] += 1
-        try:
-            return clients[i], await clients[i].generate(request)
-        except asyncio.CancelledError:
-            # NOTE: a cancelled caller (a losing fill) must not leave the call running on a
-            # remote engine; in-process engines abort on cancellation already (no-op then).
-            await asyncio.shield(clients[i].abort(request.request_id))
-            raise
-        finally:
-            self._open[role][i] -= 1
+        self._ensure_sweep()
+        tried: list[int] = []
+        while True:
+            i = self._place(role, request, tried)
+            tried.append(i)
+            try:
+                return engines[i].client, await self._run_on(engines[i], request)
+            except EngineDied as e:
+                self._mark_down(engines[i], e.cause)
+                if len(tried) > 1 or not idempotent(request) or not self._any_up(role, tried):
+                    raise EngineDied(
+                        e.engine_id, e.request_id, e.cause, retried=len(tried) > 1
+                    ) from e
+                self.counts["retried"] += 1
 
     async def draft(self, request: GenerateRequest) -> GenerateResult:
         """One prediction call on the drafter engines."""
@@ -56,11 +140,137 @@ class EnginePool:
         return result
 
     async def serving_loads(self) -> list[LoadSnapshot]:
-        """The loads C3 prices against: engines that serve stages and fills.
+        """The loads C3 prices against: one per engine that serves stages and fills, a
+        :class:`DownSnapshot` for each that is down (or whose load cannot be read now).
 
         NOTE: drafter engines serve neither; their snapshots would also break the load
         view's one-snapshot-per-priced-engine check.
         """
-        return list(await asyncio.gather(
-            *(c.load() for role, clients in self._clients.items() if role != DRAFTER_ROLE
-              for c in clients)))
+        engines = [e for role, es in self._engines.items() if role != DRAFTER_ROLE for e in es]
+        return list(await asyncio.gather(*(self._load(e) for e in engines)))
+
+    async def close(self) -> None:
+        """Stop the health sweep and every probe (call before the engines shut down)."""
+        tasks = [
+            t
+            for t in (self._sweep, *(e.probe for es in self._engines.values() for e in es))
+            if t is not None
+        ]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._sweep = None
+
+    # -- placement ------------------------------------------------------------------------
+
+    def _place(self, role: str, request: GenerateRequest, tried: Sequence[int]) -> int:
+        """The policy's choice among the engines that are up and not yet tried."""
+        engines = self._engines[role]
+        usable = [i for i, e in enumerate(engines) if e.up and i not in tried]
+        if not usable:
+            raise NoEngineError(
+                role, request.request_id, [e.client.engine_id for e in engines if not e.up]
+            )
+        # NOTE: a down engine reads saturated to the policy, which then places elsewhere; a
+        # policy that picks it anyway (prefix affinity within its guard) is overridden.
+        outstanding = [e.open if i in usable else SATURATED for i, e in enumerate(engines)]
+        i = self._placement[role].choose(outstanding, request)
+        if i not in usable:
+            i = min(usable, key=lambda j: (engines[j].open, j))
+        return i
+
+    def _any_up(self, role: str, tried: Sequence[int]) -> bool:
+        return any(e.up and i not in tried for i, e in enumerate(self._engines[role]))
+
+    # -- one call -------------------------------------------------------------------------
+
+    async def _run_on(self, engine: _Engine, request: GenerateRequest) -> GenerateResult:
+        """Run ``request`` on ``engine``; a remote engine's call is abandoned
+        (``EngineDied``) if the engine goes down while it runs."""
+        engine.open += 1
+        call = (
+            asyncio.ensure_future(engine.client.generate(request)) if engine.client.remote else None
+        )
+        try:
+            if call is None:  # NOTE: in process: it fails by raising, and costs no extra task
+                return await engine.client.generate(request)
+            if engine.gone is None or engine.gone.done():
+                engine.gone = asyncio.get_running_loop().create_future()
+            await asyncio.wait((call, engine.gone), return_when=asyncio.FIRST_COMPLETED)
+            if call.done():
+                return call.result()
+            self.counts["abandoned"] += 1
+            raise EngineDied(
+                engine.client.engine_id,
+                request.request_id,
+                f"went down while the call ran ({engine.down_reason})",
+            )
+        except BaseException:
+            if call is None or not call.done():
+                # NOTE: a cancelled caller (a losing fill) or an abandoned call must not keep
+                # running on a remote engine; in-process engines abort on cancellation.
+                if call is not None:
+                    call.cancel()
+                await asyncio.shield(self._abort(engine, request.request_id))
+            raise
+        finally:
+            engine.open -= 1
+
+    @staticmethod
+    async def _abort(engine: _Engine, request_id: str) -> None:
+        with contextlib.suppress(Exception):
+            await engine.client.abort(request_id)
+
+    async def _load(self, engine: _Engine) -> LoadSnapshot:
+        now = self.clock.now() if self.clock is not None else 0.0
+        if not engine.up:
+            return DownSnapshot.of(engine.client.engine_id, now, engine.down_reason or "")
+        try:
+            return await engine.client.load()
+        except EngineDied as e:
+            self._mark_down(engine, e.cause)
+            return DownSnapshot.of(engine.client.engine_id, now, e.cause)
+
+    # -- health ---------------------------------------------------------------------------
+
+    def _mark_down(self, engine: _Engine, reason: str) -> None:
+        if not engine.up:
+            return
+        engine.down_reason = reason or "down"
+        self.counts["went_down"] += 1
+        if engine.gone is not None and not engine.gone.done():
+            engine.gone.set_result(None)
+        if self.clock is not None and (engine.probe is None or engine.probe.done()):
+            engine.probe = asyncio.get_running_loop().create_task(
+                self._probe(engine), name=f"probe {engine.client.engine_id}"
+            )
+
+    async def _probe(self, engine: _Engine) -> None:
+        """Ask a down engine's health until it answers (a restarted actor), then take it up."""
+        assert self.clock is not None
+        while not engine.up:
+            await self.clock.sleep(self.health.probe_s)
+            if await engine.client.health():
+                engine.down_reason = None
+                self.counts["recovered"] += 1
+
+    def _ensure_sweep(self) -> None:
+        """Start the sweep on the first call, if any engine is remote (one in this process
+        fails by raising, so it needs none)."""
+        if self.clock is None or self.health.sweep_s is None or not self._remote:
+            return
+        if self._sweep is None or self._sweep.done():
+            self._sweep = asyncio.get_running_loop().create_task(
+                self._sweep_loop(), name="engine health sweep"
+            )
+
+    async def _sweep_loop(self) -> None:
+        """Every ``sweep_s``, probe the engines that are up; one that fails goes down."""
+        assert self.clock is not None and self.health.sweep_s is not None
+        while True:
+            await self.clock.sleep(self.health.sweep_s)
+            up = [e for es in self._engines.values() for e in es if e.up and e.client.remote]
+            healthy = await asyncio.gather(*(e.client.health() for e in up))
+            for engine, ok in zip(up, healthy, strict=True):
+                if not ok:
+                    self._mark_down(engine, "health probe failed")

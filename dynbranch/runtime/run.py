@@ -91,6 +91,38 @@ class GateOptions:
 
 
 @dataclass(frozen=True)
+class AdmissionOptions:
+    """The serving side's admission control, applied by the driver at each arrival.
+
+    ``max_inflight`` (>= 1, or ``None``: unbounded) is the most requests in flight at once: a
+    request arriving when that many are running is rejected at once (a typed ``rejected``
+    outcome, as an overloaded server answers 503), so the ones admitted see a bounded queue.
+    ``deadline_s`` (> 0 and finite, or ``None``) cancels a request not done that long after
+    its scheduled arrival (a typed ``deadline`` outcome). ``tenants`` (>= 1) spreads the
+    requests over that many tenants, assigned by the serving side by arrival order.
+    """
+
+    max_inflight: int | None = None
+    deadline_s: float | None = None
+    tenants: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_inflight is not None and (isinstance(self.max_inflight, bool)
+                                              or self.max_inflight < 1):
+            raise ValueError(f"AdmissionOptions.max_inflight={self.max_inflight} must be >= 1")
+        if self.deadline_s is not None and not (math.isfinite(self.deadline_s)
+                                                and self.deadline_s > 0):
+            raise ValueError(f"AdmissionOptions.deadline_s={self.deadline_s} must be finite "
+                             f"and > 0")
+        if self.tenants < 1:
+            raise ValueError(f"AdmissionOptions.tenants={self.tenants} must be >= 1")
+
+    def tenant(self, index: int, default: str = "default") -> str:
+        """The tenant of the ``index``-th arriving request (``default`` when there is one)."""
+        return default if self.tenants == 1 else f"tenant-{index % self.tenants}"
+
+
+@dataclass(frozen=True)
 class RunContext:
     """What an arm's hooks need to know about the run they serve.
 

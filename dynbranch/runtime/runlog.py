@@ -79,7 +79,7 @@ class RequestRecord:
     arrival: float  # scheduled arrival
     start: float  # when the driver actually started it (send lag = start - arrival)
     end: float
-    status: str  # completed | failed
+    status: str  # completed | failed | rejected | deadline | interrupted
     measured_from: float | None = None  # latency origin when not the arrival (HCI)
     correct: float | None = None
     error_type: str = ""
@@ -87,6 +87,7 @@ class RequestRecord:
     stages: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
+    tenant: str = "default"  # assigned by the serving side, never read from the request
 
     @property
     def latency(self) -> float:

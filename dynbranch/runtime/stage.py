@@ -16,7 +16,9 @@ class StageCall:
     speculable (deterministic, safe to run twice) and, for a tool stage, this call declared
     read-only by its tool — a call with external effects must always execute. ``upstream``
     names the records of the same request whose outputs this input was rendered from (C1's
-    provenance: a write reaches this stage's record through them, by cascade).
+    provenance: a write reaches this stage's record through them, by cascade). ``tenant`` is
+    the tenant the serving side assigned the request (never read from its content): every
+    reuse name and prefix-cache salt is scoped to it.
     """
 
     request_id: str
@@ -25,6 +27,7 @@ class StageCall:
     rendered: RenderedInput
     reusable: bool = False
     upstream: tuple[str, ...] = ()
+    tenant: str = "default"
 
 
 def upstream_of(lineage: Sequence[tuple[str, str]], text: str) -> tuple[str, ...]:

@@ -1,0 +1,96 @@
+"""Overload at 3x capacity with and without admission control (``--max-inflight``).
+
+Routing, arm ``floor`` (or ``--arm``), four simulated Qwen3-32B/H200 engines, the local
+backend on the virtual clock. First the capacity: the highest offered rate of a sweep at
+which the run is stable, i.e. its p99 does not grow as the run grows from 300 to 1,000
+requests (a queue that grows with the run is the sign of a rate above capacity). Then open
+loop at 3x that rate, for 300 and 1,000 requests, without a bound and with each
+``--max-inflight`` given: p50/p99 of the completed requests (from their scheduled arrival),
+how many completed and how many were rejected.
+
+    python scripts/bench_overload.py --out runs/bench-overload [--capacity 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dynbranch.driver import ReplayConfig, prepare, run_replay
+
+
+def replay(out: Path, **kw) -> dict:
+    cfg = ReplayConfig(
+        workload="routing", backend="local", clock="virtual", progress=False, out=out, **kw
+    )
+    return run_replay(prepare(cfg, progress=lambda _m: None)).summary
+
+
+def capacity(out: Path, arm: str, seed: int, rates: list[float], sizes: list[int]) -> float:
+    """The highest of ``rates`` whose p99 does not grow from the first size to the last."""
+    stable = []
+    for rate in rates:
+        p99 = [
+            replay(out / f"sweep-r{rate:g}-n{n}", arm=arm, rate=rate, requests=n, seed=seed)[
+                "p99_latency_s"
+            ]
+            for n in sizes
+        ]
+        print(json.dumps({"sweep_rate": rate, "p99_s": dict(zip(sizes, p99, strict=True))}))
+        if p99[-1] <= p99[0]:
+            stable.append(rate)
+    if not stable:
+        raise SystemExit(f"no swept rate was stable: sweep lower than {rates}")
+    return max(stable)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("runs/bench-overload"))
+    p.add_argument("--arm", default="floor")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--factor", type=float, default=3.0, help="load over capacity")
+    p.add_argument("--max-inflight", type=int, nargs="+", default=[32, 64])
+    p.add_argument("--sizes", type=int, nargs="+", default=[300, 1000])
+    p.add_argument(
+        "--capacity", type=float, default=None, help="skip the sweep: the capacity in req/s"
+    )
+    p.add_argument(
+        "--sweep-rates", type=float, nargs="+", default=[8.0, 12.0, 16.0, 20.0, 24.0, 28.0]
+    )
+    args = p.parse_args()
+    cap = args.capacity or capacity(args.out, args.arm, args.seed, args.sweep_rates, args.sizes)
+    rate = round(args.factor * cap, 2)
+    print(f"capacity {cap:.2f} req/s; offered {rate} req/s ({args.factor:g}x)")
+    rows = []
+    for bound in [None, *args.max_inflight]:
+        for n in args.sizes:
+            s = replay(
+                args.out / f"n{n}-m{bound}",
+                arm=args.arm,
+                rate=rate,
+                requests=n,
+                seed=args.seed,
+                max_inflight=bound,
+            )
+            row = {
+                "max_inflight": bound,
+                "requests": n,
+                "completed": s["completed"],
+                "rejected": s["rejected"],
+                "p50_s": s["p50_latency_s"],
+                "p99_s": s["p99_latency_s"],
+                "throughput_rps": s["throughput_rps"],
+                "peak_inflight": s["launch"]["peak_inflight"],
+            }
+            rows.append(row)
+            print(json.dumps(row))
+    (args.out / "overload.json").write_text(
+        json.dumps({"capacity_rps": cap, "rate": rate, "arm": args.arm, "rows": rows}, indent=2)
+        + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Results that survive the run's end however it comes: rows stream to disk while it runs,
+SIGINT and SIGTERM write a readable partial result marked ``interrupted``, SIGKILL leaves the
+streamed shards, every file is written atomically, and ``--out`` takes a filesystem URI."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dynbranch.cli import main
+from dynbranch.outdir import OutDir
+from dynbranch.resultlog import PARTS, ResultStream, read_partial
+from dynbranch.runtime.runlog import RequestRecord, StageRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = Path(__file__).parent / "fixtures" / "bfcl"
+
+
+def _start(out: Path, requests: int = 80) -> subprocess.Popen:
+    """A real-clock replay on the local backend, in its own process."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dynbranch",
+            "replay",
+            "--backend",
+            "local",
+            "--clock",
+            "real",
+            "--requests",
+            str(requests),
+            "--rate",
+            "4",
+            "--workers",
+            "2",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_shard(out: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if any(p.name.startswith("requests-") for p in (out / PARTS).glob("*.jsonl")):
+            return
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("no result shard was streamed in time")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_mid_run_writes_a_readable_partial_result(tmp_path, sig):
+    out = tmp_path / "run"
+    proc = _start(out)
+    _wait_for_shard(out, proc)
+    proc.send_signal(sig)
+    _stdout, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert f"interrupted by {sig.name}" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["interrupted_by"] == sig.name
+    frame = pd.read_parquet(out / "requests.parquet")
+    assert len(frame) == summary["requests"] and summary["completed"] > 0
+    assert set(frame.status) <= {"completed", "interrupted"}
+    assert summary["requests"] + summary["not_started"] == 80
+    assert (frame.status == "interrupted").sum() == summary["interrupted_requests"]
+    assert not (out / PARTS).exists()  # the final files superseded the shards
+    stages = pd.read_parquet(out / "stages.parquet")
+    assert set(stages.request_id) <= set(frame.request_id)
+    assert not list(out.glob(".*tmp*"))
+
+
+def test_sigkill_leaves_the_streamed_rows_readable(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out)
+    _wait_for_shard(out, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    requests, stages = read_partial(out)
+    assert not (out / "summary.json").exists()
+    assert len(requests) >= 1 and set(requests.status) <= {"completed", "failed"}
+    assert requests.request_id.is_unique and set(stages.request_id) >= set(requests.request_id)
+
+
+class _BrokenMove:
+    """A filesystem whose rename fails (a disk lost between the write and the rename)."""
+
+    def __init__(self, fs) -> None:
+        self._fs = fs
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    def move(self, src, dst):
+        raise OSError("disk gone mid-rename")
+
+
+def test_every_file_is_written_atomically(tmp_path):
+    out = OutDir.parse(tmp_path / "d")
+    out.make()
+    out.write_text("summary.json", "old")
+    broken = OutDir(_BrokenMove(out.fs), out.path, out.shown)
+    with pytest.raises(OSError, match="disk gone"):
+        broken.write_text("summary.json", "new")
+    assert (tmp_path / "d" / "summary.json").read_text() == "old"
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["summary.json"]
+
+
+def test_the_stream_flushes_by_count_and_by_clock(tmp_path):
+    stages: list[StageRecord] = []
+    now = [0.0]
+    stream = ResultStream(tmp_path, stages, lambda: now[0], flush_every=3, flush_s=10.0)
+
+    def done(i: int) -> None:
+        stages.append(StageRecord(f"r{i}", "s", "llm", 0, None, now[0], now[0] + 1))
+        stream.finished(RequestRecord(f"r{i}", 0.0, 0.0, now[0], "completed"))
+
+    for i in range(3):
+        done(i)
+    assert stream.rows_written == {"requests": 3, "stages": 3}
+    done(3)
+    now[0] = 10.0
+    done(4)  # 10 s on the clock since the last shard: written without waiting for a third
+    requests, shard_stages = read_partial(tmp_path)
+    assert list(requests.request_id) == [f"r{i}" for i in range(5)]
+    assert len(shard_stages) == 5 and len(list((tmp_path / PARTS).iterdir())) == 4
+
+
+def test_out_takes_a_filesystem_uri(tmp_path, capsys):
+    target = tmp_path / "remote" / "run"
+    rc = main(
+        [
+            "replay",
+            "--backend",
+            "local",
+            "--clock",
+            "virtual",
+            "--requests",
+            "6",
+            "--quiet",
+            "--out",
+            f"file://{target}",
+        ]
+    )
+    assert rc == 0, capsys.readouterr().err
+    summary = json.loads((target / "summary.json").read_text())
+    assert summary["completed"] == 6 and summary["out"] == f"file://{target}"
+    assert len(pd.read_parquet(target / "requests.parquet")) == 6
+    assert {p.name for p in target.iterdir()} == {
+        "summary.json",
+        "requests.parquet",
+        "stages.parquet",
+        "branches.parquet",
+        "latency_cdf.png",
+    }

@@ -1,0 +1,199 @@
+"""The engine pool when engines die or hang: typed failures, one retry on another engine,
+placement and the load view skip engines that are down, probes take them back up."""
+
+import asyncio
+
+import pytest
+
+from dynbranch.clock import VirtualClock
+from dynbranch.engines.client import DownSnapshot, EngineClient
+from dynbranch.engines.protocol import GenerateRequest, GenerateResult, LoadSnapshot
+from dynbranch.errors import EngineDied, NoEngineError
+from dynbranch.gate.load import LoadBudget, LoadView
+from dynbranch.runtime.placement import LeastOutstanding
+from dynbranch.runtime.pool import EnginePool, HealthPolicy, idempotent
+
+
+class FakeEngine(EngineClient):
+    """A remote-looking engine a test can kill, hang or bring back."""
+
+    remote = True
+
+    def __init__(self, engine_id: str, clock: VirtualClock, step_s: float = 1.0) -> None:
+        self.engine_id, self.clock, self.step_s = engine_id, clock, step_s
+        self.dead = self.hung = False
+        self.calls: list[str] = []
+        self.aborted: list[str] = []
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.calls.append(request.request_id)
+        if self.dead:
+            raise EngineDied(self.engine_id, request.request_id, "actor died")
+        start = self.clock.now()
+        await self.clock.sleep(self.step_s)
+        while self.hung:
+            await self.clock.sleep(1.0)
+        if self.dead:
+            raise EngineDied(self.engine_id, request.request_id, "actor died mid-call")
+        now = self.clock.now()
+        return GenerateResult(
+            request.request_id,
+            f"out:{self.engine_id}",
+            3,
+            2,
+            0,
+            "stop",
+            start,
+            start,
+            now,
+            now,
+            engine_id=self.engine_id,
+        )
+
+    async def abort(self, request_id: str) -> bool:
+        self.aborted.append(request_id)
+        return True
+
+    async def load(self) -> LoadSnapshot:
+        if self.dead:
+            raise EngineDied(self.engine_id, "load", "actor died")
+        return LoadSnapshot(
+            self.engine_id,
+            self.clock.now(),
+            running=2,
+            waiting=0,
+            kv_blocks_used=1,
+            kv_blocks_total=10,
+            spec_running=1,
+        )
+
+    async def health(self) -> bool:
+        return not (self.dead or self.hung)
+
+
+def req(i: int, *, greedy: bool = True, replay: str | None = None) -> GenerateRequest:
+    return GenerateRequest(
+        f"r{i}", "hello", 8, replay_text=replay, temperature=0.0 if greedy else 0.7
+    )
+
+
+def pool_of(n: int, clock, **health) -> tuple[EnginePool, list[FakeEngine]]:
+    engines = [FakeEngine(f"e{i}", clock) for i in range(n)]
+    pool = EnginePool(
+        {"target": engines}, LeastOutstanding, clock=clock, health=HealthPolicy(**health)
+    )
+    return pool, engines
+
+
+def test_idempotent_means_replayed_or_greedy():
+    assert idempotent(req(0)) and idempotent(req(0, greedy=False, replay="x"))
+    assert not idempotent(req(0, greedy=False))
+
+
+def test_a_dead_engine_gets_no_calls_and_its_call_is_retried_once_elsewhere():
+    clock = VirtualClock()
+
+    async def main():
+        pool, (e0, e1, e2) = pool_of(3, clock, probe_s=0.5)
+        e0.dead = True
+        client, result = await pool.generate("target", req(1))
+        later = [await pool.generate("target", req(i)) for i in range(2, 6)]
+        return pool, e0, client, result, later
+
+    pool, e0, client, result, later = clock.run(main())
+    assert client.engine_id == "e1" and result.text == "out:e1"
+    assert e0.calls == ["r1"]  # tried once, then never placed on again
+    assert {c.engine_id for c, _ in later} <= {"e1", "e2"}
+    assert pool.counts["went_down"] == 1 and pool.counts["retried"] == 1
+    assert pool.down() == {"e0": "actor died"}
+
+
+def test_a_sampled_call_on_a_dead_engine_fails_typed_without_a_retry():
+    clock = VirtualClock()
+
+    async def main():
+        pool, (e0, e1) = pool_of(2, clock)
+        e0.dead = True
+        with pytest.raises(EngineDied, match="engine e0 died under call r1") as err:
+            await pool.generate("target", req(1, greedy=False))
+        return err.value, e1
+
+    error, e1 = clock.run(main())
+    assert error.retried is False and e1.calls == []
+
+
+def test_a_retry_that_dies_too_fails_typed_and_no_engine_left_is_named():
+    clock = VirtualClock()
+
+    async def main():
+        pool, engines = pool_of(2, clock)
+        for e in engines:
+            e.dead = True
+        with pytest.raises(EngineDied, match="after a retry on another engine"):
+            await pool.generate("target", req(1))
+        with pytest.raises(NoEngineError, match="every engine of role 'target' is down"):
+            await pool.generate("target", req(2))
+
+    clock.run(main())
+
+
+def test_a_hung_engine_is_found_by_the_sweep_and_its_call_abandoned_and_retried():
+    clock = VirtualClock()
+
+    async def main():
+        pool, (e0, e1) = pool_of(2, clock, sweep_s=2.0, probe_s=0.5)
+        e0.hung = True
+        t0 = clock.now()
+        client, _result = await pool.generate("target", req(1))
+        took = clock.now() - t0
+        e0.hung = False  # it answers again: the probe takes it back up
+        await clock.sleep(1.0)
+        down_after = pool.down()
+        await pool.close()
+        return pool, e0, client, took, down_after
+
+    pool, e0, client, took, down_after = clock.run(main())
+    assert client.engine_id == "e1" and e0.aborted == ["r1"]
+    assert took == pytest.approx(3.0)  # found at the 2 s sweep, then 1 s on e1
+    assert pool.counts["abandoned"] == 1 and pool.counts["recovered"] == 1
+    assert down_after == {}
+
+
+def test_the_load_view_leaves_a_down_engine_out_explicitly():
+    clock = VirtualClock()
+
+    async def main():
+        pool, (e0, e1) = pool_of(2, clock)
+        both = await pool.serving_loads()
+        e0.dead = True
+        loads = await pool.serving_loads()
+        e1.dead = True
+        pool._engines["target"][1].down_reason = None  # e1 dies now: load() raises
+        none = await pool.serving_loads()
+        return both, loads, none, pool
+
+    both, loads, none, pool = clock.run(main())
+    budget = LoadBudget(fill_slots=4, spec_kv_blocks=8, max_num_seqs=4, engines=2)
+    assert isinstance(loads[0], DownSnapshot) and not isinstance(loads[1], DownSnapshot)
+    full, half = LoadView.from_snapshots(both, budget), LoadView.from_snapshots(loads, budget)
+    # one canonical sequence per engine over 4 slots each; with one engine left, 1 of 4
+    assert full.rho == pytest.approx(2 / 8) and half.rho == pytest.approx(1 / 4)
+    assert half.o_fill == pytest.approx(1 / 4) and full.o_fill == pytest.approx(2 / 8)
+    assert LoadView.from_snapshots(none, budget).as_tuple() == (1.0, 1.0, 1.0, 1.0)
+    assert set(pool.down()) == {"e0", "e1"}
+
+
+def test_a_cancelled_caller_aborts_its_remote_call():
+    clock = VirtualClock()
+
+    async def main():
+        pool, (e0,) = pool_of(1, clock)
+        task = asyncio.ensure_future(pool.generate("target", req(7)))
+        await clock.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return e0, pool
+
+    e0, pool = clock.run(main())
+    assert e0.aborted == ["r7"] and pool._engines["target"][0].open == 0
