@@ -25,6 +25,7 @@ from dynbranch.backend import BACKENDS, DRAFTER_ROLE, Backend, EngineSpec, Local
 from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
 from dynbranch.decode_lengths import MODES as DECODE_MODES
 from dynbranch.engines.config import EngineConfig, check_engine_config
+from dynbranch.engines.network import NETWORKS, with_network
 from dynbranch.errors import ConfigError, ModelNotFoundError, NotBuiltError, UnknownNameError
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.runtime.run import (
@@ -75,6 +76,7 @@ class ReplayConfig:
     out: Path = Path("runs/replay")
     data_dir: str | None = None
     address: str | None = None
+    network: str = "none"  # a modelled driver-to-worker network (dynbranch/engines/network.py)
     progress: bool = True
     workload_options: dict[str, Any] = field(default_factory=dict)
 
@@ -109,6 +111,7 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     _check_choice("arrival process", cfg.arrival, PROCESSES)
     _check_choice("split", cfg.split, ("test", "train"))
     _check_choice("gate", cfg.gate, GATE_POLICIES)
+    _check_choice("network", cfg.network, list(NETWORKS))
     _check_engine(cfg.engine)
     _check_model(cfg)
     _check_drafter(cfg)
@@ -291,7 +294,8 @@ async def _replay(prepared: Prepared, backend: Backend
     await backend.start()
     try:
         run = run_context(prepared, backend)
-        orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
+        clients = with_network(backend.clients(), prepared.config.network, prepared.clock)
+        orch = Orchestrator(prepared.clock, clients, prepared.arm, run=run)
         # NOTE: before the clock starts (InstCache's predicted requests, the oracle's branch
         # outcomes; the other arms do nothing)
         cfg = prepared.config
