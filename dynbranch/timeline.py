@@ -136,7 +136,7 @@ def draw(timelines: list[RequestTimeline], path: str | Path, title: str | None =
     )
     marked = compare(*timelines).base_seqs if len(timelines) == 2 else set()
     for i, (ax, t) in enumerate(zip(axes[:, 0], timelines, strict=True)):
-        _panel(ax, t, layouts[i], rows[i], marked if i == 0 else set())
+        _panel(ax, t, layouts[i], rows[i], marked if i == 0 else set(), names)
     axes[-1, 0].set_xlim(-0.02 * end, end * 1.1)
     axes[-1, 0].set_xlabel("seconds from the request's scheduled arrival")
     _legend(fig, bool(marked))
@@ -176,12 +176,14 @@ def _layout(t: RequestTimeline, names: list[str]) -> dict[int, tuple[int, str]]:
 
 
 def _panel(
-    ax, t: RequestTimeline, layout: dict[int, tuple[int, str]], rows: int, marked: set[int]
+    ax,
+    t: RequestTimeline,
+    layout: dict[int, tuple[int, str]],
+    rows: int,
+    marked: set[int],
+    names: list[str],
 ) -> None:
-    for b in t.branches.dropna(subset=["resolved_at"]).itertuples():
-        ax.axvspan(b.opened_at, b.resolved_at, color="#F2D16B", alpha=0.25, lw=0)
-        short = "/".join(str(b.coordinate).split("/")[-2:])
-        ax.text(b.opened_at, -0.55, f"branch {short}", fontsize=7, color="#8a6d00", va="bottom")
+    _branches(ax, t)
     scale = max(t.latency, 1e-9)
     for s in t.stages.itertuples():
         y, _lane = layout[s.Index]
@@ -209,16 +211,37 @@ def _panel(
             ax.text(s.start + width / 2, y, text, ha="center", va="center", fontsize=6.5)
     ax.axvline(t.latency, color="black", lw=1.2, ls="--")
     ax.text(t.latency, rows - 0.4, f" end {t.latency:.2f} s", fontsize=8, va="center")
-    ticks: dict[str, list[int]] = {}
+    ticks: dict[str, list[int]] = {name: [] for name in names}
     for y, lane in layout.values():
-        ticks.setdefault(lane, []).append(y)
-    ax.set_yticks([sum(v) / len(v) for v in ticks.values()], list(ticks), fontsize=8)
-    for v in ticks.values():
-        ax.axhline(max(v) + 0.5, color="#dddddd", lw=0.6)
-    ax.set_ylim(-0.8, rows)
+        ticks[lane].append(y)
+    y0, positions = 0, []
+    for name in names:  # NOTE: idle lanes keep their row, so panels line up lane by lane
+        ys = ticks[name] or [y0]
+        positions.append((sum(ys) / len(ys), name if ticks[name] else f"{name} (idle)"))
+        y0 = max(ys) + 1
+        ax.axhline(max(ys) + 0.5, color="#dddddd", lw=0.6)
+    ax.set_yticks([p for p, _ in positions], [n for _, n in positions], fontsize=8)
+    ax.set_ylim(-0.9, rows)
     ax.invert_yaxis()
     ax.set_title(f"{t.label}: latency {t.latency:.2f} s", fontsize=9, loc="left")
     ax.grid(axis="x", alpha=0.3)
+
+
+def _branches(ax, t: RequestTimeline) -> None:
+    """Shade each branch window; label the first with its coordinate, the rest with their
+    entry number, alternating heights so neighbouring labels do not collide."""
+    for i, b in enumerate(t.branches.dropna(subset=["resolved_at"]).itertuples()):
+        ax.axvspan(b.opened_at, b.resolved_at, color="#F2D16B", alpha=0.25, lw=0)
+        parts = str(b.coordinate).split("/")
+        label = "/".join(parts[-2:]) if i == 0 else parts[-1]
+        ax.text(
+            b.opened_at,
+            -0.45 if i % 2 else -0.75,
+            label,
+            fontsize=6.5,
+            color="#8a6d00",
+            va="center",
+        )
 
 
 def _short(text: str, n: int = 22) -> str:
@@ -233,7 +256,7 @@ def _legend(fig, marked: bool) -> None:
         Patch(color=KIND_COLOURS["llm"], label="LLM stage (canonical)"),
         Patch(color=KIND_COLOURS["tool"], label="tool stage (canonical)"),
         Patch(facecolor="white", edgecolor="black", hatch="///", label="speculative (a fill)"),
-        Patch(color="#F2D16B", alpha=0.4, label="branch window (open → resolved)"),
+        Patch(color="#F2D16B", alpha=0.4, label="branch window, open → resolved (by entry)"),
     ]
     handles += [
         Line2D([], [], color=c, marker="v", lw=1.4, label=f"served: {k}")
