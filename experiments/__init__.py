@@ -15,12 +15,24 @@ from pathlib import Path
 
 from dynbranch.errors import NotBuiltError, UnknownNameError
 
-ALL = ("table1", "table2", "fig5a", "fig5b", "fig8", "fig9a", "fig9b", "depth", "fig10",
-       "fig11", "fig12", "fig13", "fig14")
+ALL = (
+    "table1",
+    "table2",
+    "fig5a",
+    "fig5b",
+    "fig8",
+    "fig9a",
+    "fig9b",
+    "depth",
+    "fig10",
+    "fig11",
+    "fig12",
+    "fig13",
+    "fig14",
+)
 """Every experiment DESIGN.md §5 names."""
 
-BUILT: dict[str, str] = {"table1": "table1", "table2": "table2", "fig5a": "fig5a",
-                         "fig5b": "fig5b", "fig13": "fig13", "fig14": "fig14"}
+BUILT: dict[str, str] = {name: name for name in ALL}
 """Experiment name → module (under ``experiments``) that implements it."""
 
 
