@@ -37,12 +37,15 @@ BUILT: dict[str, str] = {name: name for name in ALL}
 
 
 def get_experiment(name: str) -> Callable[..., object]:
-    """The ``run`` function of experiment ``name``; a typed error naming what exists otherwise."""
+    """The ``run`` function of experiment ``name`` (``all``: every one, then an index page);
+    a typed error naming what exists otherwise."""
+    if name == "all":
+        return importlib.import_module("experiments.index").run
     if name in BUILT:
         return importlib.import_module(f"experiments.{BUILT[name]}").run
     if name in ALL:
         raise NotBuiltError("experiment", name, list(BUILT))
-    raise UnknownNameError("experiment", name, list(ALL))
+    raise UnknownNameError("experiment", name, [*ALL, "all"])
 
 
 def default_out(name: str) -> Path:

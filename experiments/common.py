@@ -18,12 +18,12 @@ from typing import Any
 import pandas as pd
 
 from dynbranch.driver import ReplayConfig, prepare, run_replay
+from experiments.pairing import PAIR_KEYS, pair_rows
 
 ROW_FIELDS = ("workload", "arm", "variant", "rate", "requests", "seed", "mean_latency_s",
               "p50_latency_s", "p99_latency_s", "reduction_vs_floor", "accuracy",
               "unsafe_splices", "fills_issued", "fills_consumed", "fills_discarded",
               "reuse_hits", "promotions", "spec_engine_s", "completed", "failed", "wall_s")
-PAIR_KEYS = ("workload", "variant", "rate", "seed", "requests")
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,6 @@ def run_cells(cells: Sequence[Cell], out: Path,
     its floor and oracle (:func:`experiments.pairing.pair_rows`). ``customize`` may replace
     parts of a prepared replay (its arm, its request stream) before it runs."""
     from tqdm import tqdm
-
-    from experiments.pairing import pair_rows  # NOTE: pairing builds on this module
 
     rows = []
     for cell in tqdm(cells, desc="cells", unit="replay"):

@@ -12,6 +12,7 @@ many requests were served from them. Every experiment's rows carry these columns
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -111,6 +112,13 @@ def with_facts(extra: Extra | None = None) -> Extra:
         return row
 
     return both
+
+
+def cell_latencies(out: Path, cell: Any) -> list[float]:
+    """The completed requests' latencies of one cell's replay (its ``requests.parquet``
+    under ``out/replays/``, where :func:`~experiments.common.run_cells` wrote it)."""
+    frame = pd.read_parquet(out / "replays" / cell.slug() / "requests.parquet")
+    return [float(x) for x in frame.loc[frame["status"] == "completed", "latency"]]
 
 
 def _mean(series: pd.Series) -> float | None:

@@ -156,7 +156,7 @@ def run(quick: bool, out: Path) -> Experiment:
         NAME,
         rows,
         paper,
-        report(table, rows, quick, rates, llm_s, len(seeds), n),
+        report(table, PAPER, quick, rates, llm_s, len(seeds), n),
         {
             "fig8.png": lambda p: plot(table, p, "reduction_vs_floor", "mean"),
             "fig8_p99.png": lambda p: plot(table, p, "p99_reduction_vs_floor", "p99"),

@@ -181,7 +181,7 @@ def lines(table: list[dict[str, Any]], paper: Mapping[str, Any]) -> list[Line]:
 
 def report(
     table: list[dict[str, Any]],
-    rows: list[dict[str, Any]],
+    paper: Mapping[str, Any],
     quick: bool,
     rates: Mapping[tuple[str, str, str], float],
     llm_s: Mapping[tuple[str, str], float],
@@ -189,8 +189,6 @@ def report(
     n: int,
 ) -> str:
     """Fig. 8's ``report.md``."""
-    from experiments.fig8 import PAPER
-
     rate_lines = "\n".join(
         f"- {d} {NAMES[w]}: T_llm {llm_s[(d, w)]:.2f} s/request → low "
         f"{rates[(d, w, 'low')]:g} req/s, at load {rates[(d, w, 'at-load')]:g} req/s"
@@ -210,7 +208,7 @@ def report(
         "Fig. 8 — main results (four workloads, two loads, two deployments)",
         quick,
         setup,
-        lines(table, PAPER),
+        lines(table, paper),
         [("Every cell (mean over seeds)", body)],
         seeds=seeds,
     )

@@ -1,7 +1,7 @@
 """Pairing: every arm against the floor and the oracle of its own arrival schedule.
 
 Cells that differ only in arm are *paired*: the same requests, arrival schedule and seed
-(:data:`~experiments.common.PAIR_KEYS`). Within a pair,
+(:data:`PAIR_KEYS`). Within a pair,
 
 * ``reduction_vs_floor`` = 1 − mean latency / the floor's mean latency;
 * ``oracle_reduction`` = the ``oracle`` arm's reduction in the same pair — a **bound**, not
@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from experiments.common import PAIR_KEYS, Cell
 from experiments.stats import ratio
 
+if TYPE_CHECKING:
+    from experiments.common import Cell
+
+PAIR_KEYS = ("workload", "variant", "rate", "seed", "requests")
+"""What makes cells a pair: everything but the arm (the same requests and arrival schedule)."""
 ORACLE = "oracle"
 FLOOR = "floor"
 MIN_BOUND = 0.01

@@ -58,9 +58,22 @@ def comparison(lines: Iterable[Line]) -> str:
 
 
 def rows_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = ROW_COLUMNS) -> str:
-    """Every row of the experiment (the columns that any row has, in ``columns`` order)."""
+    """Every row of the experiment (the columns that any row has, in ``columns`` order):
+    whole numbers without decimals, other numbers to three decimals, blanks for none."""
     present = [c for c in columns if any(c in r for r in rows)]
-    return markdown_table(rows, present)
+    lines = ["| " + " | ".join(present) + " |", "|" + "---|" * len(present)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in present) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.0f}" if v == round(v) and abs(v) >= 1 else f"{v:.3f}"
+    return str(v)
 
 
 def page(

@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from experiments.common import Cell
+from experiments.facts import cell_latencies
 from experiments.stats import Welch, welch
 
 WORKLOAD = "subagent"
@@ -46,12 +45,6 @@ def replay(workers: int, fanout: int) -> dict[str, Any]:
     return {"workers": workers, "fanout": fanout, "tool_time": "modelled"}
 
 
-def latencies(out: Path, cell: Cell) -> list[float]:
-    """The completed requests' latencies of one cell's replay (its ``requests.parquet``)."""
-    frame = pd.read_parquet(out / "replays" / cell.slug() / "requests.parquet")
-    return [float(x) for x in frame.loc[frame["status"] == "completed", "latency"]]
-
-
 def welch_against(out: Path, cells: Sequence[Cell], variant: str, reference: str) -> Welch:
     """Welch's test of ``variant``'s per-request latencies against ``reference``'s (all
     seeds pooled)."""
@@ -61,7 +54,7 @@ def welch_against(out: Path, cells: Sequence[Cell], variant: str, reference: str
             x
             for c in cells
             if c.variant == v and c.arm != "floor" and c.arm != "oracle"
-            for x in latencies(out, c)
+            for x in cell_latencies(out, c)
         ]
 
     return welch(pooled(variant), pooled(reference))
