@@ -72,7 +72,7 @@ def _cell(v: Any) -> str:
     if isinstance(v, bool):
         return str(v)
     if isinstance(v, float):
-        return f"{v:.0f}" if v == round(v) and abs(v) >= 1 else f"{v:.3f}"
+        return f"{v:.0f}" if v == round(v) and (abs(v) >= 1 or v == 0) else f"{v:.3f}"
     return str(v)
 
 
