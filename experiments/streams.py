@@ -2,9 +2,9 @@
 
 The paper's Fig. 10a raises the *exact-replay share* — the fraction of requests that repeat
 an earlier request of the stream byte for byte — from 0.22 to 0.77. :func:`repetition_stream`
-builds such a stream from any workload: ``n − round(share · n)`` distinct requests in the
-workload's own seeded order, and ``round(share · n)`` repeats, each a fresh instance of a
-distinct request drawn at random (seeded), placed at a random point after its original,
+builds such a stream from any workload: ``n − r`` distinct requests in the workload's own
+seeded order and ``r = round(share · n)`` repeats (at most ``n − 1``), each a fresh instance of an
+original drawn at random (seeded, with replacement), placed at a random point after its original,
 with its own request id (``<original id>-rep<k>``). A fresh instance has its own tools and
 state, so a repeat runs the same program on the same inputs: exactly what C1 can serve.
 
@@ -29,10 +29,12 @@ Shape = Callable[[Any, DataConfig, int, int, str], Sequence[RequestInstance]]
 def repetition_stream(
     workload: Any, data: DataConfig, n: int, seed: int, split: str, share: float
 ) -> list[RequestInstance]:
-    """``n`` requests of which ``round(share · n)`` exactly repeat an earlier one."""
+    """``n`` requests of which ``round(share · n)`` (at most ``n − 1``) exactly repeat an
+    earlier one."""
     if not 0.0 <= share < 1.0:
         raise ValueError(f"exact-replay share must be in [0, 1), got {share}")
-    repeats = round(share * n)
+    # NOTE: at least one original, so a one-request stream has nothing to repeat
+    repeats = min(round(share * n), max(0, n - 1))
     unique = n - repeats
     originals = list(workload.requests(data, unique, seed, split))
     rng = random.Random(f"repetition|{seed}|{share}")
