@@ -4,7 +4,8 @@
 ``results.parquet``, ``summary.json`` (``{"experiment", "rows", "paper"}``), PNG plots and a
 ``report.md`` that sets our numbers beside the paper's. Each experiment is a module here with
 ``run(quick: bool, out: Path) -> Experiment``; this registry maps names to modules so the CLI
-can refuse unknown and not-yet-built names before anything runs.
+can refuse unknown and not-yet-built names before anything runs. ``all`` runs every one of
+them and writes an index page (:mod:`experiments.index`).
 """
 
 from __future__ import annotations
