@@ -178,6 +178,12 @@ def facts_why(floor: Mapping[str, Any] | None, arm: Mapping[str, Any] | None = N
                 f"{arm['arm']} consumed {arm.get('fills_consumed') or 0:.0f} of "
                 f"{arm['fills_issued']:.0f} fills"
             )
+            wasted = arm.get("f_discarded_gpu_s_per_request")
+            if (arm.get("reduction_vs_floor") or 0.0) < 0 and wasted:
+                parts.append(
+                    f"slower than the floor: its unused fills ran {wasted:.2f} GPU-s/request "
+                    "beside canonical work"
+                )
         if arm.get("oracle_reduction") is not None:
             cap = arm.get("captured")
             parts.append(

@@ -182,3 +182,11 @@ def test_index_quotes_each_central_table():
     text = index_page(rows, {"figY": report, "figZ": "failed: ValueError: boom"}, True)
     assert "1 of 2 ran, 62 s wall in all" in text and "[figY](figY/report.md)" in text
     assert "| c | 1 | 2 | w |" in text and "failed: ValueError: boom" in text
+
+
+def test_facts_why_says_when_unused_fills_made_an_arm_slower():
+    arm = {"arm": "full", "fills_issued": 199, "fills_consumed": 20, "reduction_vs_floor": -0.05,
+           "f_discarded_gpu_s_per_request": 1.234}
+    assert "slower than the floor: its unused fills ran 1.23 GPU-s/request" in facts_why(None, arm)
+    arm["reduction_vs_floor"] = 0.05
+    assert "slower" not in facts_why(None, arm)
