@@ -94,12 +94,18 @@ def lines(
             "still running",
         ),
         Line(
-            "fills (speculative stage executions) in the request",
-            str(c.fills),
-            "2 fills (handler + executor each)",
+            "fills in the request (their speculative stage executions)",
+            f"{_fills(served)} ({c.fills})",
+            "2 (4: a handler and its executor each)",
             facts_why(floor_row, full_row),
         ),
     ]
+
+
+def _fills(stages: pd.DataFrame) -> int:
+    """Distinct fills among a request's stage rows: a fill is one (branch, candidate)."""
+    spec = stages[stages["speculative"].astype(bool)]
+    return int(spec[["coordinate", "fill"]].drop_duplicates().shape[0])
 
 
 def run(quick: bool, out: Path) -> Experiment:
