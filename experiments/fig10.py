@@ -167,7 +167,7 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
     b2.plot([0, len(SIZES) - 1], [1.6, 8.9], "k^", ms=9, label="paper saving (s)")
     b2.set_ylabel("saving per request (s)")
     b.legend(fontsize=7, loc="upper left")
-    b2.legend(fontsize=7, loc="upper right")
+    b2.legend(fontsize=7, loc="center right")
     save(fig, path)
 
 
