@@ -76,6 +76,11 @@ def run_facts(cell: Any, result: Any) -> dict[str, Any]:
         "f_discarded_share": (summary.get("fills_discarded") or 0) / issued if issued else None,
         "f_spec_gpu_s_per_request": (summary.get("spec_engine_s") or 0.0) / done,
     }
+    spec = summary.get("speculation") or {}
+    if spec.get("branches"):
+        opened = spec.get("generated", 0)
+        facts["f_openings_per_request"] = opened / done
+        facts["f_ranked_per_opening"] = spec.get("candidates", 0) / opened if opened else 0.0
     facts.update(_speculative_split(s, done))
     if summary.get("arm") == "floor" and len(s):
         bound = overlap_bound(run, int(summary.get("depth") or 2))

@@ -184,6 +184,13 @@ def facts_why(floor: Mapping[str, Any] | None, arm: Mapping[str, Any] | None = N
                     f"slower than the floor: its unused fills ran {wasted:.2f} GPU-s/request "
                     "beside canonical work"
                 )
+        elif arm.get("f_openings_per_request") is not None:
+            parts.append(
+                f"{arm['arm']} issued no fills: its gate opened "
+                f"{arm['f_openings_per_request']:.2f} times per request and its predictor "
+                f"ranked {arm.get('f_ranked_per_opening') or 0:.2f} fillable candidates per "
+                "opening"
+            )
         if arm.get("oracle_reduction") is not None:
             cap = arm.get("captured")
             parts.append(

@@ -185,8 +185,27 @@ def test_index_quotes_each_central_table():
 
 
 def test_facts_why_says_when_unused_fills_made_an_arm_slower():
-    arm = {"arm": "full", "fills_issued": 199, "fills_consumed": 20, "reduction_vs_floor": -0.05,
-           "f_discarded_gpu_s_per_request": 1.234}
+    arm = {
+        "arm": "full",
+        "fills_issued": 199,
+        "fills_consumed": 20,
+        "reduction_vs_floor": -0.05,
+        "f_discarded_gpu_s_per_request": 1.234,
+    }
     assert "slower than the floor: its unused fills ran 1.23 GPU-s/request" in facts_why(None, arm)
     arm["reduction_vs_floor"] = 0.05
     assert "slower" not in facts_why(None, arm)
+
+
+def test_facts_why_says_why_an_arm_issued_no_fills():
+    arm = {
+        "arm": "c2",
+        "fills_issued": 0,
+        "f_openings_per_request": 1.0,
+        "f_ranked_per_opening": 0.0,
+    }
+    assert facts_why(None, arm) == (
+        "c2 issued no fills: its gate opened 1.00 times per "
+        "request and its predictor ranked 0.00 fillable candidates "
+        "per opening"
+    )
