@@ -77,6 +77,7 @@ class Welch:
     n_b: int
 
     def significant(self, alpha: float = 0.05) -> bool | None:
+        """Whether ``p < alpha`` (``None`` when there is no p-value)."""
         return None if self.p is None else self.p < alpha
 
 
