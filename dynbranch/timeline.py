@@ -185,6 +185,7 @@ def _panel(
 ) -> None:
     _branches(ax, t)
     scale = max(t.latency, 1e-9)
+    span = max(scale, float(t.stages["end"].max()) if len(t.stages) else 0.0) * 1.12
     for s in t.stages.itertuples():
         y, _lane = layout[s.Index]
         width = max(s.end - s.start, 0.003 * scale)
@@ -205,10 +206,9 @@ def _panel(
             colour = SERVED_COLOURS.get(s.served_from, "#999999")
             ax.barh(y, width, left=s.start, height=0.7, color="white", edgecolor=colour, lw=1.4)
             ax.plot(s.end, y, marker="v", color=colour, ms=6)
-        text = s.stage + (f" ({_short(s.fill)})" if speculative and s.fill else "")
-        text += f" [{s.served_from}]" if s.served_from != "exec" else ""
-        if width > 0.06 * scale:
-            ax.text(s.start + width / 2, y, text, ha="center", va="center", fontsize=6.5)
+        label = _label(s, speculative, width, span)
+        if label:
+            ax.text(s.start + width / 2, y, label, ha="center", va="center", fontsize=6.5)
     ax.axvline(t.latency, color="black", lw=1.2, ls="--")
     ax.text(t.latency, rows - 0.4, f" end {t.latency:.2f} s", fontsize=8, va="center")
     ticks: dict[str, list[int]] = {name: [] for name in names}
@@ -242,6 +242,21 @@ def _branches(ax, t: RequestTimeline) -> None:
             color="#8a6d00",
             va="center",
         )
+
+
+CHARS_ACROSS = 250
+"""About how many 6.5-pt characters fit across a panel (13-inch figure): a label is drawn
+only where it fits inside its bar, so neighbouring labels never run together."""
+
+
+def _label(s, speculative: bool, width: float, span: float) -> str:
+    """The longest of (stage + fill or served mark, stage alone) that fits in the bar."""
+    extra = f" ({_short(s.fill)})" if speculative and s.fill else ""
+    extra += f" [{s.served_from}]" if s.served_from != "exec" else ""
+    for text in (s.stage + extra, s.stage):
+        if len(text) * span / CHARS_ACROSS < width:
+            return text
+    return ""
 
 
 def _short(text: str, n: int = 22) -> str:
