@@ -197,7 +197,8 @@ def lines(table: list[dict[str, Any]], latency_test: str) -> list[Line]:
             f"{priced['openings_per_request']:.2f} vs "
             f"{pa['priced-a1-only']['openings_per_request']:.2f}",
             "0.35 vs 1.53",
-            "openings = branches where the predictor ran; ours has more branches per request",
+            f"openings = branch entries where the predictor ran, of "
+            f"{priced['f_branches_per_request']:.2f} entries per request here",
         ),
         Line(
             "(a) openings/request, Action 0 priced vs off (Action 1 fixed)",
@@ -216,7 +217,8 @@ def lines(table: list[dict[str, Any]], latency_test: str) -> list[Line]:
             "(b) drafting s/request across fixed thresholds",
             f"{min(drafting):.3f}–{max(drafting):.3f}",
             "2.5–2.6",
-            "flat, as the paper; absolute level: our drafts are a few tokens on the 0.6B sim",
+            "flat across thresholds, as the paper's; per request: "
+            f"{bp['f_branches_per_request']:.2f} branch entries, each drafted by N = 8 calls",
         ),
         Line(
             "(b) priced gate: latency vs p* = 0.999",
