@@ -85,6 +85,8 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tenants", type=int, default=1,
                    help="spread the requests over this many tenants (set by the serving side, "
                         "by arrival order): reuse never crosses tenants")
+    p.add_argument("--network", default="none", choices=["none", "vastai-wan", "vastai-cluster"],
+                   help="model the driver-to-worker network (engines on other nodes)")
     p.add_argument("--out", default="runs/replay",
                    help="result directory: a path or a filesystem URI (file://, s3://, gs://)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or report")
@@ -157,6 +159,16 @@ def _stages_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--depth", type=int, default=2, help="fill depth the bound assumes")
 
 
+def _timeline_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("timeline", help="draw one request of a run as a per-stage timeline "
+                       "(engine lanes, canonical and speculative stages, served-from marks)")
+    p.add_argument("run_dir", help="a replay's --out directory")
+    p.add_argument("--request", required=True, help="the request id (requests.parquet)")
+    p.add_argument("--vs", default=None, metavar="OTHER_RUN_DIR",
+                   help="a second run of the same request, drawn below (e.g. full vs floor)")
+    p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/timeline-ID.png)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynbranch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     _calibrate_parser(sub)
     _model_parser(sub)
     _stages_parser(sub)
+    _timeline_parser(sub)
     return parser
 
 
@@ -191,7 +204,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         drafter_samples=args.drafter_samples, depth=args.depth, gate=args.gate,
         p_star=args.p_star, store_mb=args.store_mb, eviction=args.eviction,
         max_inflight=args.max_inflight, deadline_s=args.deadline_s, tenants=args.tenants,
-        out=args.out, progress=not args.quiet)
+        network=args.network, out=args.out, progress=not args.quiet)
     progress = print if not args.quiet else (lambda _msg: None)
     result = run_replay(prepare(cfg, progress))
     if result.summary.get("interrupted"):
@@ -307,8 +320,23 @@ def cmd_stages(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    from dynbranch.timeline import describe, draw, load_request
+
+    runs = [load_request(args.run_dir, args.request)]
+    if args.vs:
+        runs.append(load_request(args.vs, args.request))
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in args.request)
+    out = Path(args.out) if args.out else Path(args.run_dir) / f"timeline-{safe}.png"
+    draw(runs, out)
+    print(describe(runs))
+    print(f"timeline in {out}")
+    return 0
+
+
 COMMANDS = {"replay": cmd_replay, "data": cmd_data, "experiment": cmd_experiment,
-            "model": cmd_model, "calibrate": cmd_calibrate, "stages": cmd_stages}
+            "model": cmd_model, "calibrate": cmd_calibrate, "stages": cmd_stages,
+            "timeline": cmd_timeline}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ from dynbranch.backend import BACKENDS, DRAFTER_ROLE, Backend, EngineSpec, Local
 from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
 from dynbranch.decode_lengths import MODES as DECODE_MODES
 from dynbranch.engines.config import EngineConfig, check_engine_config
+from dynbranch.engines.network import NETWORKS, with_network
 from dynbranch.errors import ConfigError, ModelNotFoundError, NotBuiltError, UnknownNameError
 from dynbranch.launch import Interruption, Launcher, LaunchOutcome
 from dynbranch.orchestrator import Orchestrator
@@ -86,6 +87,7 @@ class ReplayConfig:
     out: Path | str = Path("runs/replay")  # a directory or a pyarrow filesystem URI
     data_dir: str | None = None
     address: str | None = None
+    network: str = "none"  # a modelled driver-to-worker network (dynbranch/engines/network.py)
     progress: bool = True
     workload_options: dict[str, Any] = field(default_factory=dict)
 
@@ -137,6 +139,7 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     _check_choice("gate", cfg.gate, GATE_POLICIES)
     _check_choice("eviction policy", cfg.eviction, list(EVICTION_POLICIES))
     _check_choice("decode lengths", cfg.decode_lengths, DECODE_MODES)
+    _check_choice("network", cfg.network, list(NETWORKS))
     _check_values(cfg)
     _check_engine(cfg.engine)
     _check_profile(cfg)
@@ -455,7 +458,8 @@ async def _serve(prepared: Prepared, backend: Backend, state: _RunState,
     try:
         await backend.start()
         run = run_context(prepared, backend)
-        orch = Orchestrator(prepared.clock, backend.clients(), prepared.arm, run=run)
+        clients = with_network(backend.clients(), cfg.network, prepared.clock)
+        orch = Orchestrator(prepared.clock, clients, prepared.arm, run=run)
         state.orch = orch
         state.stream = ResultStream(cfg.out, orch.log.stages, prepared.clock.now)
         # NOTE: before the clock starts (InstCache's predicted requests, the oracle's branch

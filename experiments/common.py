@@ -24,12 +24,12 @@ import pandas as pd
 
 from dynbranch.driver import ReplayConfig, prepare, run_replay
 from dynbranch.outdir import OutDir
+from experiments.pairing import PAIR_KEYS, pair_rows
 
 ROW_FIELDS = ("workload", "arm", "variant", "rate", "requests", "seed", "mean_latency_s",
               "p50_latency_s", "p99_latency_s", "reduction_vs_floor", "accuracy",
               "unsafe_splices", "fills_issued", "fills_consumed", "fills_discarded",
               "reuse_hits", "promotions", "spec_engine_s", "completed", "failed", "wall_s")
-PAIR_KEYS = ("workload", "variant", "rate", "seed", "requests")
 
 
 @dataclass(frozen=True)
@@ -59,20 +59,26 @@ class Cell:
 
 def run_cells(cells: Sequence[Cell], out: Path,
               extra: Callable[[Cell, Any], Mapping[str, Any]] | None = None,
+              customize: Callable[[Cell, Any], Any] | None = None,
               ) -> list[dict[str, Any]]:
-    """Run every cell (a progress bar over cells) and return one row per cell."""
+    """Run every cell (a progress bar over cells) and return one row per cell, paired with
+    its floor and oracle (:func:`experiments.pairing.pair_rows`). ``customize`` may replace
+    parts of a prepared replay (its arm, its request stream) before it runs."""
     from tqdm import tqdm
 
     rows = []
     for cell in tqdm(cells, desc="cells", unit="replay"):
-        result = run_replay(prepare(cell.config(out / "replays"), progress=lambda _m: None))
+        prepared = prepare(cell.config(out / "replays"), progress=lambda _m: None)
+        if customize is not None:
+            prepared = customize(cell, prepared)
+        result = run_replay(prepared)
         row = {k: result.summary.get(k) for k in ROW_FIELDS if k in result.summary}
         row.update({"workload": cell.workload, "arm": cell.arm, "variant": cell.variant,
                     "rate": cell.rate, "requests": cell.requests, "seed": cell.seed})
         if extra is not None:
             row.update(extra(cell, result))
         rows.append(row)
-    return add_reduction_vs_floor(rows)
+    return pair_rows(rows)
 
 
 def add_reduction_vs_floor(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,7 +14,8 @@ stays 2.5–2.6 s per request; the priced gate lowers latency 4.5 % while drafti
 2.8× less; accuracy 0.305–0.328.
 
 Cells in each batch run in one order and, in the next batch (seed), in reverse, as the
-paper pairs them.
+paper pairs them. Each panel's batch shares one floor and one oracle (the pair is the
+panel's schedule; the variant is the gate).
 """
 
 from __future__ import annotations
@@ -24,16 +25,49 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import Cell, Experiment, markdown_table, run_cells
+from experiments.common import Cell, Experiment, run_cells
+from experiments.facts import cell_latencies, with_facts
+from experiments.pairing import pair_rows, with_oracle
+from experiments.plots import pyplot, save
+from experiments.report import Line, first, mean_rows, page, rows_table
+from experiments.stats import pct, welch
 
-GATES_A = (("priced", 0.2), ("priced-a1-only", 0.2), ("priced-a0-fixed", 0.2),
-           ("fixed-threshold", 0.2))
+GATES_A = (
+    ("priced", 0.2),
+    ("priced-a1-only", 0.2),
+    ("priced-a0-fixed", 0.2),
+    ("fixed-threshold", 0.2),
+)
 """p* = 0.2 for panel (a): a fixed threshold must admit for the comparison to mean anything
 (with uniform priors p~ starts at 0.5 · 0.5, so p* >= 0.5 never admits and never learns)."""
 THRESHOLDS_B = (0.999, 0.9, 0.7, 0.5, 0.3, 0.1)
-PAPER = {"a_fill_ratio_fixed_over_priced": 8.3, "a_openings_priced": [0.35, 1.53],
-         "b_fills_per_request": [0.09, 4.99], "b_drafting_s": [2.5, 2.6],
-         "b_priced_reduction_vs_p0999": 0.045, "b_priced_drafting_s": 0.89}
+PAIR = ("workload", "rate", "seed", "requests")
+PAPER = {
+    "a_fill_ratio_fixed_over_priced": 8.3,
+    "a_openings_priced": [0.35, 1.53],
+    "a_openings_fixed": [0.50, 1.42],
+    "b_fills_per_request": [0.09, 4.99],
+    "b_drafting_s": [2.5, 2.6],
+    "b_priced_reduction_vs_p0999": 0.045,
+    "b_priced_drafting_s": 0.89,
+    "b_accuracy": [0.305, 0.328],
+}
+COLUMNS = (
+    "panel",
+    "variant",
+    "workload",
+    "seeds",
+    "mean_latency_s",
+    "fills_per_request",
+    "openings_per_request",
+    "drafting_s_per_request",
+    "reduction_vs_p0999",
+    "reduction_vs_floor",
+    "oracle_reduction",
+    "captured",
+    "accuracy",
+    "unsafe_splices",
+)
 
 
 def _variant(gate: str, p: float) -> str:
@@ -41,63 +75,176 @@ def _variant(gate: str, p: float) -> str:
 
 
 def cells(quick: bool, predictor_b: str) -> list[Cell]:
+    """Per seed, both panels' batches (a floor each, then every gate), order reversed on
+    odd seeds; the oracle joins each panel's floor."""
     seeds = (0,) if quick else (0, 1, 2)
     n_a, n_b = (150, 100) if quick else (300, 200)
     out = []
     for i, seed in enumerate(seeds):
-        a = [Cell("routing", "full", "a:" + _variant(g, p), rate=0.8, requests=n_a, seed=seed,
-                  replay={"gate": g, "p_star": p}) for g, p in GATES_A]
-        b = [Cell("react", "c2", f"b:fixed-threshold(p*={p:g})", rate=0.12, requests=n_b,
-                  seed=seed, replay={"gate": "fixed-threshold", "p_star": p,
-                                     "predictor": predictor_b, "tool_time": "modelled"})
-             for p in THRESHOLDS_B]
-        b.append(Cell("react", "c2", "b:priced", rate=0.12, requests=n_b, seed=seed,
-                      replay={"gate": "priced", "predictor": predictor_b,
-                              "tool_time": "modelled"}))
-        batch = [Cell(c.workload, "floor", c.variant, c.rate, c.requests, c.seed,
-                      {k: v for k, v in c.replay.items() if k == "tool_time"})
-                 for c in (a[0], b[0])] + a + b
+        a = [
+            Cell(
+                "routing",
+                "full",
+                "a:" + _variant(g, p),
+                rate=0.8,
+                requests=n_a,
+                seed=seed,
+                replay={"gate": g, "p_star": p},
+            )
+            for g, p in GATES_A
+        ]
+        b = [
+            Cell(
+                "react",
+                "c2",
+                f"b:fixed-threshold(p*={p:g})",
+                rate=0.12,
+                requests=n_b,
+                seed=seed,
+                replay={
+                    "gate": "fixed-threshold",
+                    "p_star": p,
+                    "predictor": predictor_b,
+                    "tool_time": "modelled",
+                },
+            )
+            for p in THRESHOLDS_B
+        ]
+        b.append(
+            Cell(
+                "react",
+                "c2",
+                "b:priced",
+                rate=0.12,
+                requests=n_b,
+                seed=seed,
+                replay={"gate": "priced", "predictor": predictor_b, "tool_time": "modelled"},
+            )
+        )
+        floors = [
+            Cell(
+                c.workload,
+                "floor",
+                c.variant.split(":")[0] + ":floor",
+                c.rate,
+                c.requests,
+                c.seed,
+                {k: v for k, v in c.replay.items() if k == "tool_time"},
+            )
+            for c in (a[0], b[0])
+        ]
+        batch = floors + a + b
         out += batch if i % 2 == 0 else batch[::-1]
-    return out
+    return with_oracle(out, PAIR)
 
 
 def _gate_stats(cell: Cell, result: Any) -> dict[str, Any]:
     spec = result.summary.get("speculation", {})
     n = max(1, result.summary["requests"])
-    return {"gate": cell.replay.get("gate", "none"),
-            "p_star": cell.replay.get("p_star"),
-            "fills_per_request": result.summary["fills_issued"] / n,
-            "openings_per_request": spec.get("generated", 0) / n,
-            "drafting_s_per_request": spec.get("drafting", {}).get("drafting_s", 0.0) / n}
+    return {
+        "gate": cell.replay.get("gate", "none"),
+        "p_star": cell.replay.get("p_star"),
+        "fills_per_request": result.summary["fills_issued"] / n,
+        "openings_per_request": spec.get("generated", 0) / n,
+        "drafting_s_per_request": spec.get("drafting", {}).get("drafting_s", 0.0) / n,
+    }
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    table = []
-    for variant in dict.fromkeys(r["variant"] for r in rows if r["arm"] != "floor"):
-        rs = [r for r in rows if r["variant"] == variant and r["arm"] != "floor"]
-        table.append({
-            "panel": variant.split(":", 1)[0], "variant": variant.split(":", 1)[1],
-            "workload": rs[0]["workload"], "seeds": len(rs),
-            "mean_latency_s": float(np.mean([r["mean_latency_s"] for r in rs])),
-            "fills_per_request": float(np.mean([r["fills_per_request"] for r in rs])),
-            "openings_per_request": float(np.mean([r["openings_per_request"] for r in rs])),
-            "drafting_s_per_request": float(np.mean([r["drafting_s_per_request"] for r in rs])),
-            "accuracy": float(np.mean([r["accuracy"] or 0.0 for r in rs])),
-            "unsafe_splices": int(sum(r["unsafe_splices"] for r in rs)),
-        })
-    base = next((t for t in table if t["variant"] == "fixed-threshold(p*=0.999)"), None)
+    """Mean over seeds per gate variant; panel (b) against p* = 0.999."""
+    pair_rows(rows, PAIR)
+    gated = [r for r in rows if r["arm"] not in ("floor", "oracle")]
+    table = mean_rows(gated, ("variant",), ("mean_latency_s",))
+    for t in table:
+        t["panel"], t["variant"] = t["variant"].split(":", 1)
+    base = first(table, variant="fixed-threshold(p*=0.999)")
     for t in table:
         if t["panel"] == "b" and base:
             t["reduction_vs_p0999"] = 1.0 - t["mean_latency_s"] / base["mean_latency_s"]
     return table
 
 
+def _latency_test(out: Path, all_cells: list[Cell], a: str, b: str) -> str:
+    test = welch(
+        [x for c in all_cells if c.variant == a for x in cell_latencies(out, c)],
+        [x for c in all_cells if c.variant == b for x in cell_latencies(out, c)],
+    )
+    return "—" if test.p is None else f"Welch p = {test.p:.2g}"
+
+
+def lines(table: list[dict[str, Any]], latency_test: str) -> list[Line]:
+    """Panel (a)'s ratios and openings, panel (b)'s spans and the priced gate's gain."""
+    pa = {t["variant"]: t for t in table if t["panel"] == "a"}
+    pb = [t for t in table if t["panel"] == "b"]
+    priced, fixed = pa["priced"], pa["fixed-threshold(p*=0.2)"]
+    ratio = fixed["fills_per_request"] / max(priced["fills_per_request"], 1e-9)
+    fills = [t["fills_per_request"] for t in pb if t["variant"] != "priced"]
+    drafting = [t["drafting_s_per_request"] for t in pb if t["variant"] != "priced"]
+    bp = next(t for t in pb if t["variant"] == "priced")
+    span = f"{max(fills) / min(fills):.0f}×" if min(fills) > 0 else "the strictest issued none"
+    fixed_draft = float(np.mean(drafting)) if drafting else 0.0
+    return [
+        Line(
+            "(a) fills/request, Action 0 off + fixed Action 1 over both priced",
+            f"{ratio:.1f}×",
+            "8.3×",
+            f"priced {priced['fills_per_request']:.2f}, fixed "
+            f"{fixed['fills_per_request']:.2f} fills/request; latency "
+            f"{priced['mean_latency_s']:.2f} vs {fixed['mean_latency_s']:.2f} s ({latency_test})",
+        ),
+        Line(
+            "(a) openings/request, Action 0 priced vs off (Action 1 priced)",
+            f"{priced['openings_per_request']:.2f} vs "
+            f"{pa['priced-a1-only']['openings_per_request']:.2f}",
+            "0.35 vs 1.53",
+            f"openings = branch entries where the predictor ran, of "
+            f"{priced['f_branches_per_request']:.2f} entries per request here",
+        ),
+        Line(
+            "(a) openings/request, Action 0 priced vs off (Action 1 fixed)",
+            f"{pa['priced-a0-fixed(p*=0.2)']['openings_per_request']:.2f} vs "
+            f"{fixed['openings_per_request']:.2f}",
+            "0.50 vs 1.42",
+            "as above",
+        ),
+        Line(
+            "(b) fills/request across fixed thresholds",
+            f"{min(fills):.2f}–{max(fills):.2f} ({span})",
+            "0.09–4.99 (55×)",
+            "the thresholds' own range of admission",
+        ),
+        Line(
+            "(b) drafting s/request across fixed thresholds",
+            f"{min(drafting):.3f}–{max(drafting):.3f}",
+            "2.5–2.6",
+            "flat across thresholds, as the paper's; per request: "
+            f"{bp['f_branches_per_request']:.2f} branch entries, each drafted by N = 8 calls",
+        ),
+        Line(
+            "(b) priced gate: latency vs p* = 0.999",
+            pct(-bp.get("reduction_vs_p0999", 0.0)),
+            "−4.5 %",
+            f"fills {bp['fills_per_request']:.2f}/request",
+        ),
+        Line(
+            "(b) priced gate: drafting s/request (and fixed over priced)",
+            f"{bp['drafting_s_per_request']:.3f} "
+            f"({fixed_draft / max(bp['drafting_s_per_request'], 1e-9):.1f}× less)",
+            "0.89 (2.8× less)",
+            "Action 0 closes the drafter where it does not pay",
+        ),
+        Line(
+            "(b) accuracy across the sweep",
+            f"{min(t['accuracy'] for t in pb):.3f}–{max(t['accuracy'] for t in pb):.3f}",
+            "0.305–0.328",
+            "replayed decisions: the same answers under every gate",
+        ),
+    ]
+
+
 def plot(table: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """(a) fills and openings per request per gate, with latency; (b) latency against fills."""
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
     pa = [t for t in table if t["panel"] == "a"]
     x = np.arange(len(pa))
@@ -110,43 +257,44 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
     a.legend(fontsize=7, loc="upper left")
     a.set_title("(a) Routing λ=0.8: each level's cost", fontsize=9)
     pb = [t for t in table if t["panel"] == "b"]
-    b.scatter([t["fills_per_request"] for t in pb],
-              [100 * t.get("reduction_vs_p0999", 0.0) for t in pb])
+    b.scatter(
+        [t["fills_per_request"] for t in pb], [100 * t.get("reduction_vs_p0999", 0.0) for t in pb]
+    )
     for t in pb:
-        b.annotate(t["variant"].replace("fixed-threshold", ""), (
-            t["fills_per_request"], 100 * t.get("reduction_vs_p0999", 0.0)), fontsize=7)
+        b.annotate(
+            t["variant"].replace("fixed-threshold", ""),
+            (t["fills_per_request"], 100 * t.get("reduction_vs_p0999", 0.0)),
+            fontsize=7,
+        )
+    b.axhline(4.5, color="grey", ls="--", lw=0.8, label="paper: priced −4.5 %")
     b.set_xlabel("fills per request")
     b.set_ylabel("latency reduction vs p*=0.999 (%)")
     b.set_title("(b) ReAct, C1 off: thresholds vs priced", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def report(table: list[dict[str, Any]], quick: bool, predictor_b: str) -> str:
-    cols = ["panel", "variant", "workload", "mean_latency_s", "fills_per_request",
-            "openings_per_request", "drafting_s_per_request", "reduction_vs_p0999",
-            "accuracy", "unsafe_splices"]
-    pa = {t["variant"]: t for t in table if t["panel"] == "a"}
-    ratio = (pa["fixed-threshold(p*=0.2)"]["fills_per_request"]
-             / max(pa["priced"]["fills_per_request"], 1e-9)) if pa else float("nan")
-    return "\n".join([
-        "# Fig. 13 — two-level attribution" + (" (quick)" if quick else ""), "",
-        "Paper: (a) both levels priced issue 8.3× fewer fills than Action 0 off + fixed "
-        "Action 1 at indistinguishable latency; Action 0 cuts openings 1.53 → 0.35 per "
-        "request. (b) thresholds vary fills 55× at constant drafting (2.5–2.6 s/request); "
-        "priced lowers latency 4.5 % while drafting 0.89 s.", "",
-        markdown_table(table, cols), "",
-        f"(a) fills per request, fixed-threshold(p*=0.2) over priced: {ratio:.1f}×.",
-        f"(b) ReAct's predictor here: `{predictor_b}`.",
-    ])
+    b.legend(fontsize=7)
+    save(fig, path)
 
 
 def run(quick: bool, out: Path) -> Experiment:
+    """Fig. 13: both panels, order-balanced batches."""
     from dynbranch.predictors import PREDICTORS
 
     predictor_b = "drafter" if "drafter" in PREDICTORS else "entity"
-    rows = run_cells(cells(quick, predictor_b), out, extra=_gate_stats)
+    all_cells = cells(quick, predictor_b)
+    rows = run_cells(all_cells, out, extra=with_facts(_gate_stats))
     table = summarize(rows)
-    return Experiment("fig13", rows, PAPER, report(table, quick, predictor_b),
-                      {"fig13.png": lambda p: plot(table, p)})
+    test = _latency_test(out, all_cells, "a:priced", "a:fixed-threshold(p*=0.2)")
+    setup = (
+        f"(a) Routing at 0.8 req/s, arm `full`, four gate settings (p* = 0.2); (b) ReAct "
+        f"at 0.12 req/s, arm `c2` with the `{predictor_b}` predictor, Action 0 off and "
+        "fixed thresholds against both levels priced. Each panel's batch shares one "
+        "floor and one oracle; batches alternate their order across seeds."
+    )
+    report = page(
+        "Fig. 13 — two-level attribution",
+        quick,
+        setup,
+        lines(table, test),
+        [("Every gate setting (mean over seeds)", rows_table(table, COLUMNS))],
+        seeds=1 if quick else 3,
+    )
+    return Experiment("fig13", rows, PAPER, report, {"fig13.png": lambda p: plot(table, p)})

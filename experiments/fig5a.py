@@ -28,6 +28,8 @@ import numpy as np
 
 from dynbranch.datasets import require_dataset, resolve_data_dir
 from experiments.common import ROW_FIELDS, Experiment, markdown_table
+from experiments.pairing import no_oracle
+from experiments.report import Line, comparison, gap_pct
 from workloads.analysis.recurrence import (
     PAPER,
     SUBTOPIC_NS,
@@ -327,13 +329,12 @@ def _report(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
         if r["paper"] is not None and r["value"] is not None and "windows" not in r["metric"]
     ]
     table = [
-        {
-            "what": f"{r['workload']} {r['variant']} ({r['metric']})",
-            "n": r.get("questions") or r["n"],
-            "ours": f"{r['value']:.1%}" + (f" ± {r['spread']:.1%}" if r["spread"] else ""),
-            "paper": r["paper_text"],
-            "why they differ": WHY.get((r["workload"], r["metric"]), ""),
-        }
+        Line(
+            f"{r['workload']} {r['variant']} ({r['metric']}), n = {r.get('questions') or r['n']}",
+            f"{r['value']:.1%}" + (f" ± {r['spread']:.1%}" if r["spread"] else ""),
+            r["paper_text"],
+            f"{gap_pct(r['value'], r['paper'])}; {WHY.get((r['workload'], r['metric']), '')}",
+        )
         for r in headline
     ]
     curve = [r for r in rows if r["variant"] == "subtopic_mentions" and r["value"] is not None]
@@ -344,10 +345,14 @@ def _report(rows: Sequence[dict[str, Any]], seeds: Sequence[int]) -> str:
     lines = [
         "# Fig. 5a — recurrence of content sub-tasks and predictor coverage",
         "",
-        f"Offline analyses of the data sets (no replay, arm `floor`); seeded analyses averaged "
-        f"over {len(seeds)} seed(s) (± is the standard deviation across seeds).",
+        f"Offline analyses of the data sets (no replay, arm `floor`, so no oracle pair: "
+        f"`oracle_reduction` and `captured` do not apply); seeded analyses averaged over "
+        f"{len(seeds)} seed(s)"
+        + (" (± is 1 s.d. across seeds)." if len(seeds) > 1 else " (one seed: no ± s.d.)."),
         "",
-        markdown_table(table, ["what", "n", "ours", "paper", "why they differ"]),
+        "## Ours | paper | difference and why",
+        "",
+        comparison(table),
         "",
         "## Sub-topic mentions as questions accumulate",
         "",
@@ -475,6 +480,7 @@ def run(quick: bool, out: Path, data_dir: Path | None = None) -> Experiment:
     rows = recurrence_rows(found, seeds) + curve_rows(found, seeds) + predictor_rows(found)
     for r in rows:
         r["why"] = r["why"] or WHY.get((r["workload"], r["metric"]))
+    no_oracle(rows, "offline analysis of the data sets: no replay, no oracle pair")
     paper = {
         "react_retrieval_within_run": PAPER["react_retrieval_within_run"],
         "subagent_cross_run": PAPER["subagent_cross_run"],

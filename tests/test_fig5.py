@@ -93,7 +93,7 @@ def test_fig5a_writes_its_files(data_dir, tmp_path):
     exp = fig5a.run(quick=True, out=tmp_path)
     write_experiment(exp, tmp_path)
     _check_files(tmp_path, "fig5a", ["fig5a.png"], ("metric", "value", "paper", "n"))
-    assert "| ours | paper | why they differ |" in (tmp_path / "report.md").read_text()
+    assert "| cell | ours | paper | difference and why |" in (tmp_path / "report.md").read_text()
 
 
 # -- Fig. 5b -----------------------------------------------------------------------------------

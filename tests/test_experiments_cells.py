@@ -1,0 +1,208 @@
+"""The experiments' cell builders, their pairing, and tiny real runs on the BFCL fixture.
+
+The quick variants themselves take minutes; these tests run the builders, the summaries and
+the reports on small inputs (a few requests of the routing fixture, or synthetic rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dynbranch.errors import UnknownNameError
+from experiments import ALL, get_experiment
+from experiments.common import Cell, run_cells
+from experiments.facts import with_facts
+from experiments.pairing import pair_key
+
+FIXTURE = Path(__file__).parent / "fixtures" / "bfcl"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_design_experiment_is_built_and_all_runs_them():
+    from experiments import index
+
+    for name in ALL:
+        assert callable(get_experiment(name))
+    assert get_experiment("all") is index.run
+    with pytest.raises(UnknownNameError, match="all"):
+        get_experiment("fig99")
+
+
+def test_no_experiment_module_is_over_500_lines():
+    long = {
+        p.name: n
+        for p in (ROOT / "experiments").glob("*.py")
+        if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert not long
+
+
+def _one_floor_one_oracle(cells, keys=None):
+    pairs = Counter()
+    for c in cells:
+        if c.arm in ("floor", "oracle"):
+            pairs[(pair_key(c) if keys is None else pair_key(c, keys), c.arm)] += 1
+    assert pairs and set(pairs.values()) == {1}
+    assert {k for k, _ in pairs} == {k for k, a in pairs if a == "oracle"}
+
+
+def test_fig8_cells_pair_every_arm_with_a_floor_and_an_oracle():
+    from experiments import fig8
+
+    rates = {
+        (d, w, load): 1.0 for d in fig8.DEPLOYMENTS for w in fig8.WORKLOADS for load in fig8.LOADS
+    }
+    cells = fig8.cells(True, rates)
+    assert len(cells) == len(rates) * (len(fig8.ARMS) + 1)
+    _one_floor_one_oracle(cells)
+    commodity = [c for c in cells if c.variant.startswith("8b-4090")]
+    assert {c.replay["network"] for c in commodity} == {"vastai-wan"}
+    assert {c.replay["profile"] for c in commodity} == {"qwen3-8b@rtx4090"}
+
+
+def test_fig8_pair_columns_are_exact():
+    from experiments import fig8
+    from experiments.fig8_report import lines, summarize
+
+    def row(arm, mean, p99, acc=1.0):
+        return {
+            "workload": "routing",
+            "arm": arm,
+            "variant": "32b-h200/at-load",
+            "rate": 1.0,
+            "seed": 0,
+            "requests": 10,
+            "deployment": "32b-h200",
+            "load": "at-load",
+            "mean_latency_s": mean,
+            "p99_latency_s": p99,
+            "accuracy": acc,
+            "reduction_vs_floor": 1 - mean / 10.0,
+            "failed": 0,
+        }
+
+    rows = [
+        row("floor", 10.0, 20.0),
+        row("c1", 8.0, 18.0),
+        row("full", 6.0, 15.0, 0.9),
+        row("helium", 7.5, 16.0),
+        row("dsp", 9.0, 19.0),
+    ]
+    fig8.add_pair_columns(rows)
+    full = next(r for r in rows if r["arm"] == "full")
+    assert full["p99_reduction_vs_floor"] == pytest.approx(0.25)
+    assert full["c2_over_c1"] == pytest.approx(-0.25)
+    assert full["best_baseline"] == "helium" and full["vs_best_baseline"] == pytest.approx(-0.2)
+    assert full["accuracy_vs_floor"] == pytest.approx(0.9)
+    text = {x.cell: x for x in lines(summarize(rows), fig8.PAPER)}
+    p99 = text["32B/H200 at-load, Routing: p99, full vs floor"]
+    assert (p99.ours, p99.paper) == ("−25.0 %", "−33.0 % … −11.0 %")
+    assert text["32B/H200 at-load, Routing: C2 over C1-only (full vs c1)"].ours == "−25.0 %"
+
+
+def test_fig9_cells_sweep_fanout_and_replicas_at_fixed_per_gpu_load():
+    from experiments import fig9a, fig9b
+
+    a = fig9a.cells(True, 2.0)
+    assert [c.replay["fanout"] for c in a if c.arm == "full"] == list(fig9a.FANOUTS)
+    assert {c.workload for c in a} == {"subagent"}
+    b = fig9b.cells(True, llm_s=2.0)
+    full = [c for c in b if c.arm == "full"]
+    assert [(c.replay["workers"], c.replay["fanout"]) for c in full] == [
+        (1, 0),
+        (2, 1),
+        (3, 2),
+        (4, 3),
+    ]
+    assert [c.rate for c in full] == [0.5, 1.0, 1.5, 2.0]  # ρ · W / T_llm
+    _one_floor_one_oracle(b)
+
+
+def test_depth_cells_give_each_cycle_its_fill_depth():
+    from experiments import depth
+
+    cells = depth.cells(True, 0.2)
+    assert [(c.variant, c.replay["depth"]) for c in cells if c.arm == "c2"] == [
+        ("cycles=1", 3),
+        ("cycles=2", 6),
+        ("cycles=3", 9),
+    ]
+    _one_floor_one_oracle(cells, depth.PAIR)
+
+
+def _fixture(cells):
+    return [
+        dataclasses.replace(c, requests=6, workload_options={"root": str(FIXTURE)}) for c in cells
+    ]
+
+
+def test_a_repetition_cell_runs_at_its_share_and_pairs_with_its_oracle(tmp_path):
+    from experiments import scaling
+
+    cells = _fixture(
+        scaling.trio(scaling.variant(0.5, panel="a"), 1.0, 6, 0, scaling.replay("qwen3-32b@h200"))
+    )
+    rows = run_cells(
+        cells, tmp_path, extra=with_facts(scaling.replay_share), customize=scaling.customize
+    )
+    scaling.add_speedup(rows)
+    assert [r["exact_replay_share"] for r in rows] == [0.5, 0.5, 0.5]
+    floor, full, oracle = rows
+    assert floor["speedup"] == 1.0 and full["speedup"] == pytest.approx(
+        floor["mean_latency_s"] / full["mean_latency_s"]
+    )
+    for r in rows:
+        assert {
+            "reduction_vs_floor",
+            "oracle_reduction",
+            "captured",
+            "f_llm_output_tokens",
+            "f_eq2_share" if r["arm"] == "floor" else "arm",
+        } <= set(r)
+    assert full["oracle_reduction"] == pytest.approx(oracle["reduction_vs_floor"])
+
+
+def test_a_drafter_cell_drafts_with_the_swept_accuracy(tmp_path):
+    from experiments import fig11
+
+    cells = [c for c in fig11.cells(True, 1.0) if "drafter=8b" in c.variant]
+    rows = run_cells(
+        _fixture(cells), tmp_path, extra=with_facts(fig11._drafter_stats), customize=fig11.customize
+    )
+    full = next(r for r in rows if r["arm"] == "full")
+    assert full["vote_accuracy"] == fig11.VOTE_ACCURACY["8b"]
+    assert full["scored_branches"] > 0 and 0.0 <= full["top1_accuracy"] <= 1.0
+    assert "vote_accuracy" not in next(r for r in rows if r["arm"] == "floor")
+
+
+def test_the_case_study_rule_picks_the_request_with_most_stages_from_fills(tmp_path):
+    from experiments import fig12
+
+    cells = _fixture(fig12.cells(6, 0.5))
+    run_cells(cells, tmp_path)
+    dirs = {c.arm: tmp_path / "replays" / c.slug() for c in cells}
+    request, table = fig12.choose(dirs["floor"], dirs["full"])
+    assert request == table.index[0]
+    ordered = list(zip(table["served_from_fills"], table["saving_s"], strict=True))
+    assert ordered == sorted(ordered, reverse=True)
+    served = pd.read_parquet(dirs["full"] / "stages.parquet")
+    mine = served[
+        (served["request_id"] == request)
+        & served["served_from"].isin(["shadow", "join"])
+        & ~served["speculative"]
+    ]
+    assert len(mine) == table.iloc[0]["served_from_fills"]
+
+
+def test_table1_and_table2_cells_add_the_oracle_to_every_pair():
+    from experiments import fig13, fig14, table1, table2
+
+    for module in (table1, table2, fig14):
+        _one_floor_one_oracle(module.cells(True))
+    _one_floor_one_oracle(fig13.cells(True, "entity"), fig13.PAIR)
+    assert all(isinstance(c, Cell) for c in table1.cells(True))
