@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.util
-import math
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,12 +23,21 @@ from dynbranch.arrivals import PROCESSES, arrival_times
 from dynbranch.backend import BACKENDS, DRAFTER_ROLE, Backend, EngineSpec, LocalBackend
 from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
 from dynbranch.decode_lengths import MODES as DECODE_MODES
-from dynbranch.engines.config import EngineConfig, check_engine_config
+from dynbranch.engines.config import EngineConfig
 from dynbranch.engines.network import NETWORKS, with_network
-from dynbranch.errors import ConfigError, ModelNotFoundError, NotBuiltError, UnknownNameError
+from dynbranch.errors import ConfigError
 from dynbranch.launch import Interruption, Launcher, LaunchOutcome
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.outdir import OutDir
+from dynbranch.replay_checks import (
+    check_choice,
+    check_data_dir,
+    check_drafter,
+    check_engine,
+    check_model,
+    check_profile,
+    check_values,
+)
 from dynbranch.resultlog import ResultStream
 from dynbranch.reuse.eviction import POLICIES as EVICTION_POLICIES
 from dynbranch.runtime.run import (
@@ -132,19 +138,19 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     from dynbranch.datasets import cache_dir, resolve_data_dir
     from workloads import get_workload
 
-    _check_choice("backend", cfg.backend, BACKENDS)
-    _check_choice("clock", cfg.clock, CLOCKS)
-    _check_choice("arrival process", cfg.arrival, PROCESSES)
-    _check_choice("split", cfg.split, ("test", "train"))
-    _check_choice("gate", cfg.gate, GATE_POLICIES)
-    _check_choice("eviction policy", cfg.eviction, list(EVICTION_POLICIES))
-    _check_choice("decode lengths", cfg.decode_lengths, DECODE_MODES)
-    _check_choice("network", cfg.network, list(NETWORKS))
-    _check_values(cfg)
-    _check_engine(cfg.engine)
-    _check_profile(cfg)
-    _check_model(cfg)
-    _check_drafter(cfg)
+    check_choice("backend", cfg.backend, BACKENDS)
+    check_choice("clock", cfg.clock, CLOCKS)
+    check_choice("arrival process", cfg.arrival, PROCESSES)
+    check_choice("split", cfg.split, ("test", "train"))
+    check_choice("gate", cfg.gate, GATE_POLICIES)
+    check_choice("eviction policy", cfg.eviction, list(EVICTION_POLICIES))
+    check_choice("decode lengths", cfg.decode_lengths, DECODE_MODES)
+    check_choice("network", cfg.network, list(NETWORKS))
+    check_values(cfg)
+    check_engine(cfg.engine)
+    check_profile(cfg)
+    check_model(cfg)
+    check_drafter(cfg)
     if cfg.backend == "ray" and cfg.clock == "virtual":
         raise ConfigError("the virtual clock runs in one process only; use --backend local "
                           "with --clock virtual, or --clock real with --backend ray")
@@ -162,7 +168,7 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
                               f"not of {cfg.workload!r}")
         options["categories"] = tuple(cfg.categories)
     out = OutDir.parse(cfg.out)  # NOTE: a URI pyarrow cannot open is refused here
-    _check_data_dir(cfg.data_dir)
+    check_data_dir(cfg.data_dir)
     workload = get_workload(cfg.workload, tool_time=cfg.tool_time,
                             decode_lengths=cfg.decode_lengths, **options)
     data = DataConfig(resolve_data_dir(cfg.data_dir), cache_dir())
@@ -180,42 +186,6 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     out.check()  # last: a refused run leaves no directory behind
     return Prepared(cfg, workload, arm, make_clock(cfg.clock), instances, arrivals, data,
                     options)
-
-
-def _check_values(cfg: ReplayConfig) -> None:
-    """Every numeric setting in its range (NaN and infinities included), one message each."""
-    def need(ok: bool, flag: str, rule: str, value: Any) -> None:
-        if not ok:
-            raise ConfigError(f"{flag} must be {rule} (got {value!r})")
-
-    def finite(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-    need(_is_int(cfg.requests) and cfg.requests >= 1, "--requests", ">= 1", cfg.requests)
-    need(finite(cfg.rate) and cfg.rate > 0, "--rate", "a finite number > 0", cfg.rate)
-    need(_is_int(cfg.workers) and cfg.workers >= 1, "--workers", ">= 1", cfg.workers)
-    need(finite(cfg.cv) and cfg.cv > 0, "--cv", "a finite number > 0", cfg.cv)
-    need(_is_int(cfg.seed) and cfg.seed >= 0, "--seed", "an integer >= 0", cfg.seed)
-    need(cfg.fanout is None or (_is_int(cfg.fanout) and cfg.fanout >= 0), "--fanout",
-         "an integer >= 0", cfg.fanout)
-    need(cfg.depth is None or (_is_int(cfg.depth) and cfg.depth >= 0), "--depth",
-         "an integer >= 0", cfg.depth)
-    need(finite(cfg.p_star) and 0.0 <= cfg.p_star <= 1.0, "--p-star", "in [0, 1]",
-         cfg.p_star)
-    need(_is_int(cfg.store_mb) and cfg.store_mb >= 0, "--store-mb", "an integer >= 0",
-         cfg.store_mb)
-    need(_is_int(cfg.tenants) and cfg.tenants >= 1, "--tenants", "an integer >= 1",
-         cfg.tenants)
-    need(cfg.max_inflight is None or (_is_int(cfg.max_inflight) and cfg.max_inflight >= 1),
-         "--max-inflight", "an integer >= 1", cfg.max_inflight)
-    need(cfg.deadline_s is None or (finite(cfg.deadline_s) and cfg.deadline_s > 0),
-         "--deadline-s", "a finite number > 0", cfg.deadline_s)
-    need(bool(cfg.tenant) and cfg.tenant.isprintable(), "tenant", "a non-empty printable "
-         "name", cfg.tenant)
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def run_options(cfg: ReplayConfig, default_predictor: str) -> RunOptions:
@@ -236,110 +206,6 @@ def run_options(cfg: ReplayConfig, default_predictor: str) -> RunOptions:
         raise ConfigError(str(e)) from None
 
 
-def _check_data_dir(data_dir: str | None) -> None:
-    """An explicit ``--data-dir`` must exist, whichever workload runs (routing reads BFCL
-    from the cache and would otherwise ignore a typo silently)."""
-    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
-        raise ConfigError(f"--data-dir {data_dir}: no such directory (give the directory "
-                          f"that holds the data sets, or leave it out to use "
-                          f"$DYNBRANCH_DATA or ../shared/data)")
-
-
-def _check_profile(cfg: ReplayConfig) -> None:
-    """The engine profile exists now (the Ray backend would find out inside an actor)."""
-    from dynbranch.engines.profile import load_profile
-
-    load_profile(cfg.profile)  # an unknown name is a typed error
-
-
-def _check_engine(kind: str) -> None:
-    from dynbranch.engines import BUILT_ENGINES, PLANNED_ENGINES
-
-    if kind in PLANNED_ENGINES:
-        raise NotBuiltError("engine", kind, list(BUILT_ENGINES))
-    _check_choice("engine", kind, BUILT_ENGINES)
-
-
-def _check_model(cfg: ReplayConfig) -> None:
-    """Real engines (hf, vllm) need a local model and the real clock; others take no model.
-
-    In this mode LLM stage outputs are generated by the model, not replayed from the trace.
-    NOTE: both run the model outside the event loop (hf in a worker thread, vLLM in its engine
-    core process), so the virtual clock, which jumps ahead whenever every task waits, would
-    skip the time they take.
-    """
-    from dynbranch.engines import MODEL_ENGINES
-
-    engines = "|".join(MODEL_ENGINES)
-    check_engine_config(cfg.engine, cfg.engine_config)
-    if cfg.engine not in MODEL_ENGINES:
-        if cfg.model is not None:
-            raise ConfigError(f"--model is for --engine {engines}; --engine {cfg.engine} "
-                              f"takes --profile")
-        return
-    if not cfg.model:
-        raise ConfigError(f"--engine {cfg.engine} needs --model DIR, a local model directory "
-                          f"(`dynbranch model make-tiny DIR` writes a tiny test model)")
-    if cfg.clock == "virtual":
-        raise ConfigError(f"--engine {cfg.engine} runs a real model outside the event loop, "
-                          f"which the virtual clock cannot account; use --clock real")
-    if cfg.engine == "vllm" and cfg.backend == "local" and cfg.workers > 1:
-        # NOTE: each vLLM engine sizes its KV pool to most of the device's free memory, so a
-        # second one in the same process (on the same GPU) cannot start.
-        raise ConfigError(f"--engine vllm --backend local runs one engine in this process; "
-                          f"use --workers 1 (got {cfg.workers}), or --backend ray for one "
-                          f"engine per GPU")
-    _check_model_source(cfg)
-    needs = {"hf": ("torch", "transformers", "tokenizers"), "vllm": ("vllm",)}[cfg.engine]
-    missing = [m for m in needs if importlib.util.find_spec(m) is None]
-    # NOTE: joining a cluster, the workers' environment decides; otherwise the engines run
-    # in this Python (in process, or on the local Ray instance this run starts).
-    joins = cfg.backend == "ray" and bool(cfg.address or os.environ.get("RAY_ADDRESS"))
-    if missing and not joins:
-        extra = "hf" if cfg.engine == "hf" else "vllm"
-        raise ConfigError(f"--engine {cfg.engine} needs {', '.join(missing)}, not installed "
-                          f"here: pip install '.[{extra}]'")
-
-
-def _check_model_source(cfg: ReplayConfig) -> None:
-    """``--model`` is a model directory or a hub id; on the local backend it is resolved now.
-
-    NOTE: on Ray each node resolves (and downloads once into its Hugging Face cache) when its
-    engines start, so here only the form is checked.
-    """
-    from dynbranch.engines.model_ref import check_model_ref, resolve_model
-
-    assert cfg.model is not None
-    if cfg.backend != "local":
-        check_model_ref(cfg.model)
-        return
-    settings = cfg.engine_config or EngineConfig()
-    resolve_model(cfg.model, revision=settings.revision, download=settings.download)
-
-
-def _check_drafter(cfg: ReplayConfig) -> None:
-    """The predictor exists; the drafter's settings can run (only when it drafts)."""
-    from dynbranch.predictors import PREDICTORS
-
-    if cfg.predictor is not None:
-        _check_choice("predictor", cfg.predictor, list(PREDICTORS))
-    if cfg.predictor != "drafter":
-        return
-    if cfg.drafter_workers < 1 or cfg.drafter_samples < 1:
-        raise ConfigError(f"need --drafter-workers >= 1 and --drafter-samples >= 1 "
-                          f"(got {cfg.drafter_workers}, {cfg.drafter_samples})")
-    if cfg.drafter_model is None:
-        from dynbranch.engines.profile import load_profile
-
-        load_profile(cfg.drafter_profile)  # an unknown name is a typed error now
-    elif cfg.clock == "virtual":
-        raise ConfigError("--drafter-model runs a real model outside the event loop, which "
-                          "the virtual clock cannot account; use --clock real")
-    elif not (Path(cfg.drafter_model) / "config.json").is_file():
-        raise ModelNotFoundError(cfg.drafter_model, "Build a tiny test model with "
-                                 "`dynbranch model make-tiny DIR`.")
-
-
 def drafter_spec(cfg: ReplayConfig) -> EngineSpec:
     """The ``drafter`` role: ``drafter_workers`` sim engines of ``drafter_profile`` (their
     calls replay the drafter's sampled candidates, timed by the profile), or a real model
@@ -356,11 +222,6 @@ def drafter_spec(cfg: ReplayConfig) -> EngineSpec:
         return EngineSpec(kind, cfg.drafter_model, cfg.drafter_workers,
                           model_path=cfg.drafter_model)
     return EngineSpec("sim", cfg.drafter_profile, cfg.drafter_workers)
-
-
-def _check_choice(kind: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise UnknownNameError(kind, value, list(choices))
 
 
 def make_backend(cfg: ReplayConfig, clock: Clock) -> Backend:

@@ -50,7 +50,7 @@ def refused(argv: list[str], capsys, tmp_path: Path) -> str:
         (["--deadline-s", "nan"], "--deadline-s must be a finite number > 0 (got nan)"),
         (["--deadline-s", "-3"], "--deadline-s must be a finite number > 0 (got -3.0)"),
         (["--tenants", "0"], "--tenants must be an integer >= 1 (got 0)"),
-        (["--profile", "nope"], "unknown profile 'nope'; known profiles: qwen3-0.6b@h200"),
+        (["--profile", "nope"], "unknown profile 'nope'; known profiles: gemma-3-27b@h200"),
         (["--drafter-profile", "nope", "--predictor", "drafter"], "unknown profile 'nope'"),
         (["--predictor", "drafter", "--drafter-samples", "0"], "--drafter-samples >= 1"),
         (["--workload", "chess"], "unknown workload 'chess'"),

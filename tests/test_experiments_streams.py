@@ -213,9 +213,12 @@ def _ctx(request_id="q", pool=("a", "b", "c", "d")):
     return BranchContext(request_id, BranchCoordinate("routing", "router", 0), pool)
 
 
+_ROUTER = BranchPoint(BranchCoordinate("routing", "router", 0), ("a", "b", "c", "d"))
+
+
 def test_a_sweep_of_one_makes_every_vote_the_resolved_candidate():
     outcomes = BranchOutcomes()
-    outcomes.add("q", [("routing/router/0", ("c",))])
+    outcomes.add("q", [(_ROUTER, ("c",))])
     drafter = SweptDrafter(outcomes, 1.0, samples=8, seed=0)
     _pool, _p, votes = drafter.sample(_ctx())
     assert votes == ["c"] * 8
@@ -226,7 +229,7 @@ def test_a_sweep_of_zero_is_the_plain_drafter():
     from dynbranch.predictors.drafter import DrafterPredictor
 
     outcomes = BranchOutcomes()
-    outcomes.add("q", [("routing/router/0", ("c",))])
+    outcomes.add("q", [(_ROUTER, ("c",))])
     swept = SweptDrafter(outcomes, 0.0, samples=8, seed=3)
     plain = DrafterPredictor(samples=8, seed=3)
     assert swept.sample(_ctx())[2] == plain.sample(_ctx())[2]
@@ -240,7 +243,7 @@ def test_the_sweep_scores_top1_before_learning_and_advances_the_outcomes():
     from dynbranch.engines.protocol import GenerateResult
 
     outcomes = BranchOutcomes()
-    outcomes.add("q", [("routing/router/0", ("b",)), ("routing/router/0", ("a",))])
+    outcomes.add("q", [(_ROUTER, ("b",)), (_ROUTER, ("a",))])
     drafter = SweptDrafter(outcomes, 1.0, samples=4, seed=0)
 
     async def generate(request):

@@ -90,13 +90,17 @@ def test_no_refit_within_ten_percent_and_knobs_never_exceed_one() -> None:
 
 
 def test_a_profile_for_another_gpu_is_compared_on_this_one() -> None:
-    pairs = {p.name: (p, note) for p, note in check.profiles_for("NVIDIA H200", tiny=False)}
-    assert set(pairs) == {"qwen3-0.6b@h200", "qwen3-32b@h200", "qwen3-8b@h200 (derived)"}
-    derived, note = pairs["qwen3-8b@h200 (derived)"]
-    host = load_profile("qwen3-32b@h200")  # nearer in size to 8B than 0.6B is
-    assert derived.model == load_profile("qwen3-8b@rtx4090").model
+    here = {p.name for p, _ in check.profiles_for("NVIDIA H200", tiny=False)}
+    assert here == {"qwen3-0.6b@h200", "qwen3-8b@h200", "qwen3-32b@h200"}
+    pairs = {p.name: (p, note) for p, note in check.profiles_for("NVIDIA GeForce RTX 4090",
+                                                                 tiny=False)}
+    assert set(pairs) == {"qwen3-8b@rtx4090", "qwen3-32b@rtx4090 (derived)",
+                          "qwen3-0.6b@rtx4090 (derived)"}
+    derived, note = pairs["qwen3-32b@rtx4090 (derived)"]
+    host = load_profile("qwen3-8b@rtx4090")  # the only profile of this GPU
+    assert derived.model == load_profile("qwen3-32b@h200").model
     assert (derived.gpu, derived.calibration) == (host.gpu, host.calibration)
-    assert "qwen3-32b@h200" in note and pairs["qwen3-32b@h200"][1] == ""
+    assert "qwen3-8b@rtx4090" in note and pairs["qwen3-8b@rtx4090"][1] == ""
 
 
 def test_the_grid_stays_within_the_kv_pool_and_the_context_limit() -> None:
