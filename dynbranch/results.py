@@ -192,7 +192,10 @@ def plot_latency_cdf(series: Mapping[str, Sequence[float]], path: Path | io.Byte
     ax.set_ylim(0, 1.01)
     ax.grid(alpha=0.3)
     ax.set_title(title, fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower right", fontsize=8)
+    else:  # no request completed (an early interrupt): an empty plot that says so
+        ax.text(0.5, 0.5, "no completed requests", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120, format="png")
     plt.close(fig)

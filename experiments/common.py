@@ -72,6 +72,11 @@ def run_cells(cells: Sequence[Cell], out: Path,
         if customize is not None:
             prepared = customize(cell, prepared)
         result = run_replay(prepared)
+        if result.summary.get("interrupted"):
+            # NOTE: the replay caught the SIGINT/SIGTERM to write its partial results; the
+            # experiment stops with it rather than going on to the next cell.
+            raise KeyboardInterrupt(f"{cell.slug()}: interrupted by "
+                                    f"{result.summary.get('interrupted_by')}")
         row = {k: result.summary.get(k) for k in ROW_FIELDS if k in result.summary}
         row.update({"workload": cell.workload, "arm": cell.arm, "variant": cell.variant,
                     "rate": cell.rate, "requests": cell.requests, "seed": cell.seed})

@@ -206,3 +206,28 @@ def test_table1_and_table2_cells_add_the_oracle_to_every_pair():
         _one_floor_one_oracle(module.cells(True))
     _one_floor_one_oracle(fig13.cells(True, "entity"), fig13.PAIR)
     assert all(isinstance(c, Cell) for c in table1.cells(True))
+
+
+def test_an_interrupted_cell_stops_the_experiment_and_keeps_its_partial_results(tmp_path):
+    import signal
+    import threading
+
+    from dynbranch.clock import make_clock
+
+    cells = _fixture([Cell("routing", "floor", rate=0.5), Cell("routing", "c2", rate=0.5)])
+    started: list[str] = []
+
+    def real_clock(cell, prepared):
+        # NOTE: on the real clock six arrivals at 0.5/s take ~10 s: a SIGINT 1 s in lands
+        # inside the first cell's replay, as a Ctrl-C at the terminal would.
+        started.append(cell.arm)
+        if len(started) == 1:
+            threading.Timer(1.0, signal.raise_signal, (signal.SIGINT,)).start()
+        return dataclasses.replace(prepared, clock=make_clock("real"))
+
+    with pytest.raises(KeyboardInterrupt, match="interrupted by SIGINT"):
+        run_cells(cells, tmp_path, customize=real_clock)
+    assert started == ["floor"]  # the second cell never started
+    (replay,) = (tmp_path / "replays").iterdir()
+    summary = pd.read_json(replay / "summary.json", typ="series")
+    assert summary["interrupted"] and summary["interrupted_by"] == "SIGINT"
