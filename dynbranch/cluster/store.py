@@ -22,9 +22,10 @@ import asyncio
 import itertools
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from dynbranch.cluster.store_reads import Held, Located, LookupBatcher, hold, read_located
 from dynbranch.errors import CorruptRecordError, TicketError
 from dynbranch.reuse.client import StoreClient
 from dynbranch.reuse.eviction import EvictionPolicy
@@ -41,12 +42,11 @@ from dynbranch.reuse.lookups import (
     Ticket,
     WriteReceipt,
 )
-from dynbranch.reuse.record import Record, RecordState, from_arrow, to_arrow
+from dynbranch.reuse.record import Record, to_arrow
 from dynbranch.reuse.store import SubgraphStore
 from dynbranch.reuse.versions import StaleReads
 
 if TYPE_CHECKING:
-    from ray import ObjectRef
     from ray.actor import ActorHandle
 
 DEFAULT_SHARDS = 2
@@ -54,29 +54,6 @@ DEFAULT_SHARDS = 2
 
 
 # -- what crosses the wire ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Located:
-    """A servable record on a shard: what the shard knows now, and where its bytes are.
-
-    ``state`` and ``hits`` are the shard's current values (a promotion or a hit changes them
-    after the bytes were written); everything else comes from the bytes. ``refs`` holds
-    exactly one ref.
-
-    NOTE: the ref travels inside this object, not as a return value of its own, so Ray hands
-    the client the ref (to fetch, and to report if it is lost) instead of resolving it.
-    """
-
-    kind: LookupKind  # HIT or SHADOW
-    name: str
-    state: RecordState
-    hits: int
-    refs: tuple[ObjectRef, ...]
-
-    @property
-    def object_id(self) -> str:
-        return self.refs[0].hex()
 
 
 def strip(record: Record) -> Record:
@@ -134,12 +111,6 @@ class _ShardStore(SubgraphStore):
         return removed
 
 
-@dataclass(slots=True)
-class _Held:
-    ref: ObjectRef
-    nbytes: int
-
-
 class StoreActor:
     """One shard of the subgraph store: metadata in a SubgraphStore, bytes in Ray's object store.
 
@@ -151,7 +122,7 @@ class StoreActor:
     def __init__(self, capacity_bytes: int, policy: str = "lru", shard: int = 0, *,
                  tombstones: int = 4096) -> None:
         self.shard = shard
-        self._objects: dict[str, _Held] = {}
+        self._objects: dict[str, Held] = {}
         self._object_bytes = 0
         self._store = _ShardStore(capacity_bytes, policy, self._release, tombstones=tombstones)
 
@@ -166,6 +137,15 @@ class StoreActor:
         if isinstance(got, ShadowMatch) and got.record is not None:
             return self._locate(got.record, LookupKind.SHADOW)
         return got
+
+    async def lookup_many(self, queries: Sequence[tuple[str, bytes, float, bool]]
+                          ) -> list[Lookup | Located]:
+        """Each ``(name, key_bytes, now, serving)`` answered as :meth:`lookup` would, in
+        order (one call for all the lookups a client batched for this shard)."""
+        answers: list[Lookup | Located] = []
+        for name, key_bytes, now, serving in queries:
+            answers.append(await self.lookup(name, key_bytes, now, serving))
+        return answers
 
     async def promote(self, name: str, key_bytes: bytes, now: float) -> Located | Miss | None:
         """:meth:`SubgraphStore.promote`; the committed record comes back as a ref."""
@@ -236,20 +216,18 @@ class StoreActor:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _hold(self, data: bytes) -> ObjectRef:
-        """Put ``data`` in the object store, owned by this actor."""
-        import ray
-
-        return ray.put(data)
+    def _hold(self, data: bytes) -> Held:
+        """Put ``data`` in the object store, owned by this actor (see :func:`hold`)."""
+        return hold(data)
 
     def _stored(self, meta: Record, data: bytes,
                 store: Callable[[], PutResult | None]) -> PutResult | None:
         # NOTE: the bytes go in first: if the object store refuses them, the metadata is
         # untouched. A refused put only leaves an object nobody references, freed at once.
-        ref = self._hold(data)
+        held = self._hold(data)
         result = store()
         if result is not None and result.stored:
-            self._objects[meta.name] = _Held(ref, len(data))
+            self._objects[meta.name] = held
             self._object_bytes += len(data)
         return result
 
@@ -264,7 +242,7 @@ class StoreActor:
         if held is None:  # cannot happen while _release mirrors _remove; never serve blind
             self._store.lose(record.name)
             return Miss(MissReason.LOST)
-        return Located(kind, record.name, record.state, record.hits, (held.ref,))
+        return Located(kind, record.name, record.state, record.hits, (held.ref,), held.view)
 
 
 # -- the client ----------------------------------------------------------------------------------
@@ -303,6 +281,7 @@ class RayStoreClient(StoreClient):
         self._shards = list(shards)
         self._known: set[str] = set()  # resources every shard has been told of
         self._receipt_ids = itertools.count(1)
+        self.batcher = LookupBatcher(self._send_lookups)
 
     @property
     def shards(self) -> int:
@@ -316,7 +295,7 @@ class RayStoreClient(StoreClient):
     async def lookup(self, name: str, key_bytes: bytes, now: float, *,
                      serving: bool = True) -> Lookup:
         shard = self.shard_of(name)
-        got = await self._shards[shard].lookup.remote(name, key_bytes, now, serving)
+        got = await self.batcher.lookup(shard, name, key_bytes, now, serving)
         if isinstance(got, Located):
             record = await self._fetch(shard, got, key_bytes)
             if record is None:
@@ -437,6 +416,12 @@ class RayStoreClient(StoreClient):
 
     # -- internals -------------------------------------------------------------------------
 
+    async def _send_lookups(self, shard: int, queries: Sequence[tuple]) -> list[Any]:
+        """One batch of lookups to ``shard``: a plain ``lookup`` when it is alone."""
+        if len(queries) == 1:
+            return [await self._shards[shard].lookup.remote(*queries[0])]
+        return await self._shards[shard].lookup_many.remote(list(queries))
+
     def _global_id(self, shard: int, local_id: int) -> int:
         return local_id * len(self._shards) + shard
 
@@ -465,9 +450,7 @@ class RayStoreClient(StoreClient):
         from ray.exceptions import RayError
 
         try:
-            record = from_arrow(await located.refs[0])
-            if record.name != located.name or record.key_bytes != key_bytes:
-                raise CorruptRecordError(f"object {located.object_id} holds another record")
+            record = await read_located(located, key_bytes)
         except (RayError, CorruptRecordError):
             await self._shards[shard].lose.remote(located.name, located.object_id)
             return None
