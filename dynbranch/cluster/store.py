@@ -114,9 +114,10 @@ class _ShardStore(SubgraphStore):
 class StoreActor:
     """One shard of the subgraph store: metadata in a SubgraphStore, bytes in Ray's object store.
 
-    A plain class; :meth:`~dynbranch.cluster.backend.RayBackend.make_store` makes it remote.
-    Its methods are ``async`` with no ``await`` inside, so each runs to completion on the
-    actor's event loop: one operation at a time, as the store requires.
+    A plain class; :meth:`~dynbranch.cluster.backend.RayBackend.make_store` makes it remote
+    as a :func:`~dynbranch.cluster.threaded.threaded` actor. Its methods are ``async`` with
+    nothing inside that suspends, so each runs to completion: one operation at a time, as
+    the store requires.
     """
 
     def __init__(self, capacity_bytes: int, policy: str = "lru", shard: int = 0, *,
@@ -131,6 +132,10 @@ class StoreActor:
     async def lookup(self, name: str, key_bytes: bytes, now: float,
                      serving: bool = True) -> Lookup | Located:
         """:meth:`SubgraphStore.lookup`, with a record's bytes as a ref (:class:`Located`)."""
+        return self._lookup(name, key_bytes, now, serving)
+
+    def _lookup(self, name: str, key_bytes: bytes, now: float,
+                serving: bool) -> Lookup | Located:
         got = self._store.lookup(name, key_bytes, now, serving=serving)
         if isinstance(got, Hit):
             return self._locate(got.record, LookupKind.HIT)
@@ -142,10 +147,7 @@ class StoreActor:
                           ) -> list[Lookup | Located]:
         """Each ``(name, key_bytes, now, serving)`` answered as :meth:`lookup` would, in
         order (one call for all the lookups a client batched for this shard)."""
-        answers: list[Lookup | Located] = []
-        for name, key_bytes, now, serving in queries:
-            answers.append(await self.lookup(name, key_bytes, now, serving))
-        return answers
+        return [self._lookup(*query) for query in queries]
 
     async def promote(self, name: str, key_bytes: bytes, now: float) -> Located | Miss | None:
         """:meth:`SubgraphStore.promote`; the committed record comes back as a ref."""
@@ -471,13 +473,30 @@ def make_shards(capacity_bytes: int, policy: str, shards: int,
 
     NOTE: they take no CPU (``num_cpus=0``: a shard is bookkeeping between RPCs, and must
     not compete with engines for a placement bundle) and need no placement group. They are
-    anonymous and owned by the driver, so they die with it even if nobody kills them.
+    anonymous and owned by the driver, so they die with it even if nobody kills them; they
+    run on the driver's node where Ray can put them there (:func:`beside_driver`).
     """
     import ray
 
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
-    remote_cls = ray.remote(actor_cls)
+    from dynbranch.cluster.threaded import threaded
+
+    remote_cls = ray.remote(threaded(actor_cls))
     per_shard = capacity_bytes // shards
-    return [remote_cls.options(num_cpus=0).remote(per_shard, policy, i)
-            for i in range(shards)]
+    return [remote_cls.options(num_cpus=0, scheduling_strategy=beside_driver())
+            .remote(per_shard, policy, i) for i in range(shards)]
+
+
+def beside_driver():
+    """A scheduling strategy for an actor every stage calls: the driver's node, if it can.
+
+    NOTE: the orchestrator runs in the driver, so a shard there answers without a network
+    hop and its objects are read from the driver's own shared memory; soft, because a node
+    that cannot host it (a driver outside the cluster) must not keep the run from starting.
+    It also keeps the shards off worker nodes that may be removed mid-run.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)

@@ -121,8 +121,9 @@ class LookupBatcher:
         self._open: dict[int, _Batch] = {}
         self.counts = {"calls": 0, "lookups": 0}
 
-    async def lookup(self, shard: int, name: str, key_bytes: bytes, now: float,
-                     serving: bool) -> Any:
+    async def lookup(
+        self, shard: int, name: str, key_bytes: bytes, now: float, serving: bool
+    ) -> Any:
         """The shard's answer to one lookup, sent with whatever else this turn asked it."""
         loop = asyncio.get_running_loop()
         batch = self._open.get(shard)

@@ -70,9 +70,9 @@ CALLS_KEPT = 512
 class GateActor:
     """One :class:`Gate` behind async methods, checkpointed call by call (see the module doc).
 
-    A plain class: :meth:`GateDeployment.start` makes it remote. Its methods never ``await``,
-    so each runs to completion on the actor's loop, and the journal's order is the order in
-    which the gate saw the calls. ``generation``, ``admit``, ``decide`` and ``learn`` take a
+    A plain class: :meth:`GateDeployment.start` makes it remote, as a
+    :func:`~dynbranch.cluster.threaded.threaded` actor. Its methods never ``await``, so each
+    runs to completion, and the journal's order is the order in which the gate saw the calls. ``generation``, ``admit``, ``decide`` and ``learn`` take a
     ``call_id``: a repeated id is answered from the call log without touching the gate.
     """
 

@@ -88,8 +88,15 @@ class RayGateClient(GateClient):
         self._down_until = 0.0
         self._pending: list[tuple[str, tuple]] = []
         self.counts = dict.fromkeys(
-            ("calls", "retries", "degraded_generation", "degraded_admit", "degraded_decide",
-             "learn_dropped"), 0
+            (
+                "calls",
+                "retries",
+                "degraded_generation",
+                "degraded_admit",
+                "degraded_decide",
+                "learn_dropped",
+            ),
+            0,
         )
 
     async def generation(self, coordinate: str, now: float) -> GenerationDecision:
@@ -133,8 +140,7 @@ class RayGateClient(GateClient):
             call_id = next(self._ids)
             rows = [encode_candidate(c) for c in candidates]
             try:
-                return await self._call("decide", call_id, coordinate, rows,
-                                        view.as_tuple(), now)
+                return await self._call("decide", call_id, coordinate, rows, view.as_tuple(), now)
             except _Unavailable:
                 self._pending.append(("abandon", ([call_id],)))  # as for a degraded admit
         self.counts["degraded_decide"] += 1

@@ -105,8 +105,10 @@ def encode_reply(kind: str, reply: Any) -> Any:
     if kind == "admit":
         return [encode_admission(a) for a in reply]
     if kind == "decide":
-        return [encode_reply("generation", reply.generation),
-                encode_reply("admit", reply.admissions)]
+        return [
+            encode_reply("generation", reply.generation),
+            encode_reply("admit", reply.admissions),
+        ]
     return None
 
 
@@ -118,8 +120,9 @@ def decode_reply(kind: str, row: Any) -> Any:
         return [decode_admission(a) for a in row]
     if kind == "decide":
         generation, admissions = row
-        return BranchDecision(decode_reply("generation", generation),
-                              tuple(decode_reply("admit", admissions)))
+        return BranchDecision(
+            decode_reply("generation", generation), tuple(decode_reply("admit", admissions))
+        )
     return [] if kind == "abandoned" else None
 
 
