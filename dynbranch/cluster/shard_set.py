@@ -154,7 +154,10 @@ class ShardSet:
         raise StoreUnavailable(shard, "resolve", "no live shard knows the resources")
 
     def _tag(self, shard: int, got: Any) -> Any:
-        """A ticket id unique across the shard's incarnations (their own ids start again)."""
+        """A ticket id unique across the shard's incarnations (their own ids start again);
+        each answer of a ``lookup_many`` tagged alike."""
+        if isinstance(got, list):
+            return [self._tag(shard, g) for g in got]
         if isinstance(got, (Ticket, JoinInFlight)) and got.ticket_id > 0:
             return replace(got, ticket_id=got.ticket_id + self._epoch[shard] * EPOCH_IDS)
         return got
