@@ -131,7 +131,7 @@ def cuts(us: list[float]) -> tuple[float, float]:
 
 def row(label: str, us: list[float], per_s: float) -> str:
     p50, p99 = cuts(us)
-    return f"  {label:<50} p50 {p50:8.1f} us   p99 {p99:8.1f} us   {per_s:>9,.0f} /s"
+    return f"  {label:<56} p50 {p50:8.1f} us   p99 {p99:8.1f} us   {per_s:>9,.0f} /s"
 
 
 OPS = ("generation", "admit (4 candidates)", "branch: generation + admit (2 calls)",

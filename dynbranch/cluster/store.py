@@ -244,7 +244,9 @@ class StoreActor:
         if held is None:  # cannot happen while _release mirrors _remove; never serve blind
             self._store.lose(record.name)
             return Miss(MissReason.LOST)
-        return Located(kind, record.name, record.state, record.hits, (held.ref,), held.view)
+        refs = () if held.view is not None else (held.ref,)
+        return Located(kind, record.name, record.state, record.hits, refs, held.ref.hex(),
+                       held.view)
 
 
 # -- the client ----------------------------------------------------------------------------------

@@ -42,12 +42,15 @@ class Located:
     """A servable record on a shard: what the shard knows now, and where its bytes are.
 
     ``state`` and ``hits`` are the shard's current values (a promotion or a hit changes them
-    after the bytes were written); everything else comes from the bytes. ``refs`` holds
-    exactly one ref; ``data`` is a copy of the bytes when the record is small enough to come
-    inline (then the ref need not be read).
+    after the bytes were written); everything else comes from the bytes. ``data`` is a copy
+    of the bytes when the record is small enough to come inline, and then ``refs`` is empty;
+    otherwise ``refs`` holds exactly one ref to read them from. ``object_id`` names the
+    object either way (what the client reports when the bytes do not decode).
 
-    NOTE: the ref travels inside this object, not as a return value of its own, so Ray hands
-    the client the ref (to fetch, and to report if it is lost) instead of resolving it.
+    NOTE: an inline reply carries no ref: a ref in a reply makes the client a borrower,
+    which costs the owner and the client protocol messages of their own on every hit. A
+    ref travels inside this object, not as a return value of its own, so Ray hands the
+    client the ref (to fetch, and to report if it is lost) instead of resolving it.
     """
 
     kind: LookupKind  # HIT or SHADOW
@@ -55,11 +58,8 @@ class Located:
     state: RecordState
     hits: int
     refs: tuple[ObjectRef, ...]
+    object_id: str
     data: Any = None  # the record's bytes (a read-only uint8 array), or None: read the ref
-
-    @property
-    def object_id(self) -> str:
-        return self.refs[0].hex()
 
 
 @dataclass(slots=True)
