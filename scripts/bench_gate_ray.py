@@ -5,7 +5,10 @@ Drives a :class:`~dynbranch.gate.client.LocalGateClient` and a
 Ray instance, journaling every call to its checkpoint) with the same warmed-up gate, and
 times ``generation`` and ``admit`` (4 candidates, the greedy priced gate with audits) one
 awaited call at a time, then with ``--callers`` concurrent callers; the actor's no-op
-``ping`` gives Ray's own round trip on this machine for scale. Prints p50/p99 latency in
+``ping`` gives Ray's own round trip on this machine for scale. A branch entry is timed both
+ways: ``generation`` then ``admit`` (two calls) and ``decide`` (Actions 0 and 1 in one call,
+what the priced policy asks the Ray gate); a last table sets each op beside the in-process
+figure of the same run, with the ratio. Prints p50/p99 latency in
 microseconds and decisions per second (sequential: one over the mean latency; concurrent:
 calls over the phase's wall time, which includes one batched ``release`` per 32 admits).
 Then the actor's checkpoint: one snapshot's size and time, and how long a killed actor
@@ -84,14 +87,23 @@ async def timed(call: Callable[[int], Awaitable[object]], calls: range) -> list[
 
 class AdmitLoad:
     """Admit calls that hand their receipts back in one ``release`` per
-    :data:`RELEASE_EVERY` admits (as requests do when they end), and at :meth:`drain`."""
+    :data:`RELEASE_EVERY` admits (as requests do when they end), and at :meth:`drain`.
 
-    def __init__(self, client: GateClient, cands: list[Candidate]) -> None:
-        self.client, self.cands, self.held = client, cands, []
+    ``mode``: ``admit`` (Action 1 alone), ``branch`` (a branch entry as two calls,
+    ``generation`` then ``admit``, as the priced policy asks an in-process gate) or
+    ``decide`` (a branch entry as one call, as it asks the Ray gate)."""
+
+    def __init__(self, client: GateClient, cands: list[Candidate], mode: str = "admit") -> None:
+        self.client, self.cands, self.held, self.mode = client, cands, [], mode
 
     async def __call__(self, i: int) -> None:
-        out = await self.client.admit(f"coord{i % 16}", self.cands, VIEWS[i % len(VIEWS)],
-                                      float(i))
+        coord, view, now = f"coord{i % 16}", VIEWS[i % len(VIEWS)], float(i)
+        if self.mode == "decide":
+            out = (await self.client.decide(coord, self.cands, view, now)).admissions
+        elif self.mode == "branch" and not (await self.client.generation(coord, now)).open:
+            out = []
+        else:
+            out = await self.client.admit(coord, self.cands, view, now)
         self.held += [a.reservation for a in out if a.admitted]
         if i % RELEASE_EVERY == RELEASE_EVERY - 1:
             await self.drain()
@@ -111,23 +123,39 @@ async def phase(call: Callable[[int], Awaitable], calls: int, callers: int
     return [us for part in parts for us in part], time.perf_counter() - t0
 
 
+def cuts(us: list[float]) -> tuple[float, float]:
+    """p50 and p99 of ``us``."""
+    q = statistics.quantiles(us, n=100, method="inclusive")
+    return q[49], q[98]
+
+
 def row(label: str, us: list[float], per_s: float) -> str:
-    cuts = statistics.quantiles(us, n=100, method="inclusive")
-    return f"  {label:<44} p50 {cuts[49]:8.1f} us   p99 {cuts[98]:8.1f} us   {per_s:>9,.0f} /s"
+    p50, p99 = cuts(us)
+    return f"  {label:<56} p50 {p50:8.1f} us   p99 {p99:8.1f} us   {per_s:>9,.0f} /s"
 
 
-async def bench_client(name: str, client: GateClient, calls: int, callers: int) -> list[str]:
+OPS = ("generation", "admit (4 candidates)", "branch: generation + admit (2 calls)",
+       "branch: decide (Actions 0+1, 1 call)")
+
+
+async def bench_client(name: str, client: GateClient, calls: int, callers: int,
+                       measured: dict[tuple[str, str], list[float]]) -> list[str]:
+    """Time every op of :data:`OPS` on ``client``; sequential latencies go into ``measured``
+    under ``(name, phase op)`` for the ratio table."""
     await warm(client)
     cands, lines = candidates(), []
     gen = lambda i: client.generation(f"coord{i % 16}", float(i))  # noqa: E731
-    admit = AdmitLoad(client, cands)
-    for op, call in (("generation", gen), ("admit (4 candidates)", admit)):
+    loads = [AdmitLoad(client, cands, mode) for mode in ("admit", "branch", "decide")]
+    for op, call in zip(OPS, (gen, *loads), strict=True):
         await timed(call, range(200))  # warm-up: first RPCs, caches
         us, _ = await phase(call, calls, 1)
+        measured[(name.strip(), f"{op}, sequential")] = us
         lines.append(row(f"{name} {op}, sequential", us, 1e6 / statistics.fmean(us)))
         us, wall = await phase(call, calls, callers)
+        measured[(name.strip(), f"{op}, {callers} callers")] = us
         lines.append(row(f"{name} {op}, {callers} callers", us, len(us) / wall))
-    await admit.drain()
+    for load in loads:
+        await load.drain()
     stats = await client.stats()
     if stats.get("unavailable"):
         raise RuntimeError(f"{name}: the gate stopped answering mid-benchmark: {stats}")
@@ -162,12 +190,27 @@ async def bench_checkpoint(deployment) -> list[str]:
             f"(replayed {stats['checkpoint']['replayed']} journal entries)"]
 
 
+def ratio_table(measured: dict[tuple[str, str], list[float]]) -> list[str]:
+    """Each op through the actor beside the in-process gate of the same run, and the ratio."""
+    lines = [f"this run, ray against in process (ms):\n  {'op':<52}{'local p50':>10}"
+             f"{'p99':>8}{'ray p50':>9}{'p99':>8}{'ratio p50':>11}{'p99':>7}"]
+    for (where, op), us in measured.items():
+        if where != "local" or ("ray", op) not in measured:
+            continue
+        (l50, l99), (r50, r99) = cuts(us), cuts(measured[("ray", op)])
+        lines.append(f"  {op:<52}{l50 / 1e3:>10.3f}{l99 / 1e3:>8.3f}{r50 / 1e3:>9.3f}"
+                     f"{r99 / 1e3:>8.3f}{r50 / l50:>11.1f}{r99 / l99:>7.1f}")
+    return lines
+
+
 async def run(calls: int, callers: int) -> list[str]:
     from dynbranch.cluster import GateDeployment
 
     model, config = gate_spec()
     lines = [f"gate decisions ({PROFILE}, {calls:,} calls per phase, fanout 3, audits 2%):"]
-    lines += await bench_client("local", LocalGateClient(Gate(model, config)), calls, callers)
+    measured: dict[tuple[str, str], list[float]] = {}
+    lines += await bench_client("local", LocalGateClient(Gate(model, config)), calls, callers,
+                                measured)
     with tempfile.TemporaryDirectory(prefix="bench-gate-") as directory:
         deployment = GateDeployment.start(model, config, directory)
         try:
@@ -177,8 +220,9 @@ async def run(calls: int, callers: int) -> list[str]:
             us, _ = await phase(ping, calls, 1)
             lines.append(row("ray   ping (a no-op round trip), sequential", us,
                              1e6 / statistics.fmean(us)))
-            lines += await bench_client("ray  ", client, calls, callers)
+            lines += await bench_client("ray  ", client, calls, callers, measured)
             lines += ["checkpoint:", *await bench_checkpoint(deployment)]
+            lines += ratio_table(measured)
         finally:
             deployment.stop()
     return lines

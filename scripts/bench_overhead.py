@@ -12,12 +12,17 @@ requests in flight.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from dynbranch.driver import ReplayConfig, prepare, run_replay
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # NOTE: measure this tree's code, not an installed copy
+    sys.path.insert(0, str(ROOT))
+
+from dynbranch.driver import ReplayConfig, prepare, run_replay  # noqa: E402
 
 
 def measure(backend: str, requests: int, rate: float, out: Path) -> dict[str, float]:
@@ -37,13 +42,17 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--rate", type=float, default=20.0)
     args = ap.parse_args()
+    got = {}
     with tempfile.TemporaryDirectory() as tmp:
         for backend in ("local", "ray"):
-            r = measure(backend, args.requests, args.rate, Path(tmp))
+            r = got[backend] = measure(backend, args.requests, args.rate, Path(tmp))
             print(f"{backend:>5}: {r['stages']} LLM stages, overhead per stage "
                   f"p50 {r['p50_ms']:.3f} ms, p90 {r['p90_ms']:.3f} ms, "
                   f"p99 {r['p99_ms']:.3f} ms, mean {r['mean_ms']:.3f} ms "
                   f"(failed requests: {r['failed']})")
+    local, ray_ = got["local"], got["ray"]
+    print("ratio (ray / local, this run): " + ", ".join(
+        f"{q} {ray_[f'{q}_ms'] / local[f'{q}_ms']:.1f}x" for q in ("p50", "p90", "p99", "mean")))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 Fills a :class:`~dynbranch.cluster.RayStoreClient` (store actors on a local Ray instance,
 records' Arrow bytes in the object store) and a :class:`~dynbranch.reuse.client.LocalStoreClient`
 with the same records, then times one awaited call at a time: a lookup hit (for Ray: the
-shard's answer, fetching the object and decoding it), a lookup miss, and a put. Prints
-p50/p99 in microseconds. Numbers go into notes, not assertions.
+shard's answer, fetching the object and decoding it), a lookup miss, a put, and a stage group's
+:data:`GROUP` hits started together (on Ray, one call per shard). Prints p50/p99 in
+microseconds, both paths from the same run, and their ratio. Numbers go into notes, not assertions.
 
     python scripts/bench_store_ray.py [--records 2000] [--lookups 2000] [--shards 2]
 """
@@ -15,14 +16,22 @@ import argparse
 import asyncio
 import random
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
-from dynbranch.reuse import Hit, Miss, Provenance, Record, RecordState, ReuseKey, SubgraphStore
-from dynbranch.reuse.client import LocalStoreClient, StoreClient
-from dynbranch.workflow import SamplingParams
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # NOTE: measure this tree's code, not an installed copy
+    sys.path.insert(0, str(ROOT))
+
+from dynbranch.reuse import Hit, Miss, Provenance, Record, RecordState, ReuseKey, SubgraphStore  # noqa: E402
+from dynbranch.reuse.client import LocalStoreClient, StoreClient  # noqa: E402
+from dynbranch.workflow import SamplingParams  # noqa: E402
 
 SAMPLING = SamplingParams(max_tokens=128)
+GROUP = 8
+"""Lookups one stage group starts together (the batched row)."""
 CAPACITY = 1 << 30
 
 
@@ -70,9 +79,17 @@ async def bench(client: StoreClient, records: list[Record], lookups: int,
         got = await client.lookup(absent[i].name, absent[i].key_bytes, 2e6 + i)
         assert isinstance(got, Miss)
 
+    async def group(i: int) -> None:
+        """A stage group's lookups: GROUP hits started together (one call per shard)."""
+        got = await asyncio.gather(*(client.lookup(picks[j].name, picks[j].key_bytes, 3e6 + i)
+                                     for j in range(i, i + GROUP)))
+        assert all(isinstance(g, Hit) for g in got)
+
     await hit(0)  # warm the path (first fetch of a borrowed ref, imports)
+    grouped = await time_calls(group, lookups - GROUP)
     return {"lookup hit (+ fetch, decode)": await time_calls(hit, lookups),
-            "lookup miss (absent)": await time_calls(miss, lookups), "put": puts}
+            "lookup miss (absent)": await time_calls(miss, lookups), "put": puts,
+            f"{GROUP} hits gathered, whole group": grouped}
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -94,12 +111,16 @@ async def run(args: argparse.Namespace) -> None:
     stats = await ray_client.stats()
     print(f"ray store: {stats['records_held']} records, {stats['objects_held']} objects, "
           f"{stats['object_bytes']:,} object bytes over {stats['shards']} shards")
-    print(f"{'path':<30}{'ray p50 us':>12}{'ray p99 us':>12}{'local p50 us':>14}"
-          f"{'local p99 us':>14}")
+    if hasattr(ray_client, "batcher"):
+        b = ray_client.batcher.counts
+        print(f"ray lookups: {b['lookups']:,} in {b['calls']:,} shard calls")
+    print(f"{'path':<32}{'ray p50 us':>12}{'ray p99 us':>12}{'local p50 us':>14}"
+          f"{'local p99 us':>14}{'ratio p50':>11}{'ratio p99':>11}")
     for path in results["ray"]:
         r50, r99 = percentiles_us(results["ray"][path])
         l50, l99 = percentiles_us(results["local"][path])
-        print(f"{path:<30}{r50:>12.1f}{r99:>12.1f}{l50:>14.1f}{l99:>14.1f}")
+        print(f"{path:<32}{r50:>12.1f}{r99:>12.1f}{l50:>14.1f}{l99:>14.1f}"
+              f"{r50 / l50:>11.0f}{r99 / l99:>11.0f}")
     for actor in shards:
         ray.kill(actor)
 

@@ -35,6 +35,7 @@ pytestmark = pytest.mark.ray
 
 from dynbranch.cluster import ENGINE_RESOURCE, RayBackend, RayStoreClient, StoreActor  # noqa: E402
 from dynbranch.cluster.store import make_shards, shard_of  # noqa: E402
+from dynbranch.cluster.store_reads import hold  # noqa: E402
 
 BIG = 1 << 30
 SHARDS = 2
@@ -65,24 +66,30 @@ class _Owner:
 class ProbedStoreActor(StoreActor):
     """A shard whose objects a test can lose or corrupt, and whose reference table it reads."""
 
-    async def vanish(self, name: str, timeout: float = 20.0) -> None:
-        """Replace ``name``'s bytes by an object whose owner has died (an unreadable ref)."""
+    def vanish(self, name: str, timeout: float = 20.0) -> None:
+        """Replace ``name``'s bytes by an object whose owner has died (an unreadable ref).
+
+        NOTE: a plain method (it blocks while Ray notices the owner's death): the shards
+        run as threaded actors, whose coroutine methods must not suspend."""
         owner = ray.remote(num_cpus=0)(_Owner).remote()
-        (ref,) = await owner.hold.remote(b"\0" * DOOMED_BYTES)
+        (ref,) = ray.get(owner.hold.remote(b"\0" * DOOMED_BYTES))
         ray.kill(owner)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:  # until Ray knows the owner is gone
             try:
-                await ref
+                ray.get(ref)
             except ray.exceptions.RayError:
-                self._objects[name].ref = ref
+                # NOTE: the view a small record is served from inline goes too: the bytes
+                # are lost wherever the shard would have read them.
+                self._objects[name].ref, self._objects[name].view = ref, None
                 return
-            await asyncio.sleep(0.05)
+            time.sleep(0.05)
         raise TimeoutError("the dead owner's object stayed readable")
 
     async def corrupt(self, name: str) -> None:
         """Replace ``name``'s bytes by bytes that are no record."""
-        self._objects[name].ref = ray.put(b"not an arrow stream")
+        held = hold(b"not an arrow stream")
+        self._objects[name].ref, self._objects[name].view = held.ref, held.view
 
     async def tracked(self, object_id: str) -> bool:
         """Whether this actor's reference table still counts ``object_id``."""

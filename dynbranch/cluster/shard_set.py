@@ -54,7 +54,7 @@ class ShardRetry:
 
 EPOCH_IDS = 1 << 40
 """Ticket ids one shard incarnation may issue before the next incarnation's range."""
-_READS = frozenset({"lookup", "stats", "held_objects"})
+_READS = frozenset({"lookup", "lookup_many", "stats", "held_objects"})
 """Calls that change nothing a caller depends on: they may time out and be abandoned."""
 _orphans = itertools.count(1)
 
@@ -64,6 +64,8 @@ def _degraded(method: str, args: tuple[Any, ...]) -> Any:
     answer (a call added to the store that this module does not know)."""
     if method == "lookup":
         return Miss(MissReason.LOST)
+    if method == "lookup_many":
+        return [Miss(MissReason.LOST)] * len(args[0])
     if method in ("promote", "finish"):
         return None
     if method in ("drop", "lose"):
@@ -152,7 +154,10 @@ class ShardSet:
         raise StoreUnavailable(shard, "resolve", "no live shard knows the resources")
 
     def _tag(self, shard: int, got: Any) -> Any:
-        """A ticket id unique across the shard's incarnations (their own ids start again)."""
+        """A ticket id unique across the shard's incarnations (their own ids start again);
+        each answer of a ``lookup_many`` tagged alike."""
+        if isinstance(got, list):
+            return [self._tag(shard, g) for g in got]
         if isinstance(got, (Ticket, JoinInFlight)) and got.ticket_id > 0:
             return replace(got, ticket_id=got.ticket_id + self._epoch[shard] * EPOCH_IDS)
         return got
@@ -209,7 +214,7 @@ class ShardSet:
         from ray.exceptions import ActorDiedError, RayActorError
 
         ref = getattr(self.actors[shard], method).remote(*args)
-        if method == "lookup":
+        if method in ("lookup", "lookup_many"):
             timeout = self.retry.lookup_timeout_s
         elif method in _READS:
             timeout = self.retry.stats_timeout_s

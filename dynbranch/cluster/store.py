@@ -22,9 +22,10 @@ import asyncio
 import itertools
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from dynbranch.cluster.store_reads import Held, Located, LookupBatcher, hold, read_located
 from dynbranch.errors import CorruptRecordError, TicketError
 from dynbranch.reuse.client import StoreClient
 from dynbranch.reuse.eviction import EvictionPolicy
@@ -41,12 +42,11 @@ from dynbranch.reuse.lookups import (
     Ticket,
     WriteReceipt,
 )
-from dynbranch.reuse.record import Record, RecordState, from_arrow, to_arrow
+from dynbranch.reuse.record import Record, to_arrow
 from dynbranch.reuse.store import SubgraphStore
 from dynbranch.reuse.versions import StaleReads
 
 if TYPE_CHECKING:
-    from ray import ObjectRef
     from ray.actor import ActorHandle
 
 DEFAULT_SHARDS = 2
@@ -54,29 +54,6 @@ DEFAULT_SHARDS = 2
 
 
 # -- what crosses the wire ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Located:
-    """A servable record on a shard: what the shard knows now, and where its bytes are.
-
-    ``state`` and ``hits`` are the shard's current values (a promotion or a hit changes them
-    after the bytes were written); everything else comes from the bytes. ``refs`` holds
-    exactly one ref.
-
-    NOTE: the ref travels inside this object, not as a return value of its own, so Ray hands
-    the client the ref (to fetch, and to report if it is lost) instead of resolving it.
-    """
-
-    kind: LookupKind  # HIT or SHADOW
-    name: str
-    state: RecordState
-    hits: int
-    refs: tuple[ObjectRef, ...]
-
-    @property
-    def object_id(self) -> str:
-        return self.refs[0].hex()
 
 
 def strip(record: Record) -> Record:
@@ -134,24 +111,19 @@ class _ShardStore(SubgraphStore):
         return removed
 
 
-@dataclass(slots=True)
-class _Held:
-    ref: ObjectRef
-    nbytes: int
-
-
 class StoreActor:
     """One shard of the subgraph store: metadata in a SubgraphStore, bytes in Ray's object store.
 
-    A plain class; :meth:`~dynbranch.cluster.backend.RayBackend.make_store` makes it remote.
-    Its methods are ``async`` with no ``await`` inside, so each runs to completion on the
-    actor's event loop: one operation at a time, as the store requires.
+    A plain class; :meth:`~dynbranch.cluster.backend.RayBackend.make_store` makes it remote
+    as a :func:`~dynbranch.cluster.threaded.threaded` actor. Its methods are ``async`` with
+    nothing inside that suspends, so each runs to completion: one operation at a time, as
+    the store requires.
     """
 
     def __init__(self, capacity_bytes: int, policy: str = "lru", shard: int = 0, *,
                  tombstones: int = 4096) -> None:
         self.shard = shard
-        self._objects: dict[str, _Held] = {}
+        self._objects: dict[str, Held] = {}
         self._object_bytes = 0
         self._store = _ShardStore(capacity_bytes, policy, self._release, tombstones=tombstones)
 
@@ -160,12 +132,22 @@ class StoreActor:
     async def lookup(self, name: str, key_bytes: bytes, now: float,
                      serving: bool = True) -> Lookup | Located:
         """:meth:`SubgraphStore.lookup`, with a record's bytes as a ref (:class:`Located`)."""
+        return self._lookup(name, key_bytes, now, serving)
+
+    def _lookup(self, name: str, key_bytes: bytes, now: float,
+                serving: bool) -> Lookup | Located:
         got = self._store.lookup(name, key_bytes, now, serving=serving)
         if isinstance(got, Hit):
             return self._locate(got.record, LookupKind.HIT)
         if isinstance(got, ShadowMatch) and got.record is not None:
             return self._locate(got.record, LookupKind.SHADOW)
         return got
+
+    async def lookup_many(self, queries: Sequence[tuple[str, bytes, float, bool]]
+                          ) -> list[Lookup | Located]:
+        """Each ``(name, key_bytes, now, serving)`` answered as :meth:`lookup` would, in
+        order (one call for all the lookups a client batched for this shard)."""
+        return [self._lookup(*query) for query in queries]
 
     async def promote(self, name: str, key_bytes: bytes, now: float) -> Located | Miss | None:
         """:meth:`SubgraphStore.promote`; the committed record comes back as a ref."""
@@ -236,20 +218,18 @@ class StoreActor:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _hold(self, data: bytes) -> ObjectRef:
-        """Put ``data`` in the object store, owned by this actor."""
-        import ray
-
-        return ray.put(data)
+    def _hold(self, data: bytes) -> Held:
+        """Put ``data`` in the object store, owned by this actor (see :func:`hold`)."""
+        return hold(data)
 
     def _stored(self, meta: Record, data: bytes,
                 store: Callable[[], PutResult | None]) -> PutResult | None:
         # NOTE: the bytes go in first: if the object store refuses them, the metadata is
         # untouched. A refused put only leaves an object nobody references, freed at once.
-        ref = self._hold(data)
+        held = self._hold(data)
         result = store()
         if result is not None and result.stored:
-            self._objects[meta.name] = _Held(ref, len(data))
+            self._objects[meta.name] = held
             self._object_bytes += len(data)
         return result
 
@@ -264,7 +244,9 @@ class StoreActor:
         if held is None:  # cannot happen while _release mirrors _remove; never serve blind
             self._store.lose(record.name)
             return Miss(MissReason.LOST)
-        return Located(kind, record.name, record.state, record.hits, (held.ref,))
+        refs = () if held.view is not None else (held.ref,)
+        return Located(kind, record.name, record.state, record.hits, refs, held.ref.hex(),
+                       held.view)
 
 
 # -- the client ----------------------------------------------------------------------------------
@@ -303,6 +285,7 @@ class RayStoreClient(StoreClient):
         self._shards = list(shards)
         self._known: set[str] = set()  # resources every shard has been told of
         self._receipt_ids = itertools.count(1)
+        self.batcher = LookupBatcher(self._send_lookups)
 
     @property
     def shards(self) -> int:
@@ -316,7 +299,7 @@ class RayStoreClient(StoreClient):
     async def lookup(self, name: str, key_bytes: bytes, now: float, *,
                      serving: bool = True) -> Lookup:
         shard = self.shard_of(name)
-        got = await self._shards[shard].lookup.remote(name, key_bytes, now, serving)
+        got = await self.batcher.lookup(shard, name, key_bytes, now, serving)
         if isinstance(got, Located):
             record = await self._fetch(shard, got, key_bytes)
             if record is None:
@@ -437,6 +420,12 @@ class RayStoreClient(StoreClient):
 
     # -- internals -------------------------------------------------------------------------
 
+    async def _send_lookups(self, shard: int, queries: Sequence[tuple]) -> list[Any]:
+        """One batch of lookups to ``shard``: a plain ``lookup`` when it is alone."""
+        if len(queries) == 1:
+            return [await self._shards[shard].lookup.remote(*queries[0])]
+        return await self._shards[shard].lookup_many.remote(list(queries))
+
     def _global_id(self, shard: int, local_id: int) -> int:
         return local_id * len(self._shards) + shard
 
@@ -465,9 +454,7 @@ class RayStoreClient(StoreClient):
         from ray.exceptions import RayError
 
         try:
-            record = from_arrow(await located.refs[0])
-            if record.name != located.name or record.key_bytes != key_bytes:
-                raise CorruptRecordError(f"object {located.object_id} holds another record")
+            record = await read_located(located, key_bytes)
         except (RayError, CorruptRecordError):
             await self._shards[shard].lose.remote(located.name, located.object_id)
             return None
@@ -488,13 +475,30 @@ def make_shards(capacity_bytes: int, policy: str, shards: int,
 
     NOTE: they take no CPU (``num_cpus=0``: a shard is bookkeeping between RPCs, and must
     not compete with engines for a placement bundle) and need no placement group. They are
-    anonymous and owned by the driver, so they die with it even if nobody kills them.
+    anonymous and owned by the driver, so they die with it even if nobody kills them; they
+    run on the driver's node where Ray can put them there (:func:`beside_driver`).
     """
     import ray
 
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
-    remote_cls = ray.remote(actor_cls)
+    from dynbranch.cluster.threaded import threaded
+
+    remote_cls = ray.remote(threaded(actor_cls))
     per_shard = capacity_bytes // shards
-    return [remote_cls.options(num_cpus=0).remote(per_shard, policy, i)
-            for i in range(shards)]
+    return [remote_cls.options(num_cpus=0, scheduling_strategy=beside_driver())
+            .remote(per_shard, policy, i) for i in range(shards)]
+
+
+def beside_driver():
+    """A scheduling strategy for an actor every stage calls: the driver's node, if it can.
+
+    NOTE: the orchestrator runs in the driver, so a shard there answers without a network
+    hop and its objects are read from the driver's own shared memory; soft, because a node
+    that cannot host it (a driver outside the cluster) must not keep the run from starting.
+    It also keeps the shards off worker nodes that may be removed mid-run.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)

@@ -37,7 +37,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from dynbranch.cluster.store import StoreActor, shard_of
+from dynbranch.cluster.store import StoreActor, beside_driver, shard_of
+from dynbranch.cluster.threaded import threaded
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -128,16 +129,19 @@ def make_restartable_shards(
 ) -> list[ActorHandle]:
     """Start ``shards`` :class:`RestartableStoreActor` s (``capacity_bytes`` split evenly),
     each rebuilt by Ray up to ``restarts`` times (see :func:`~dynbranch.cluster.store.make_shards`
-    on why they take no CPU and no placement group)."""
+    on why they take no CPU and no placement group, and run beside the driver)."""
     import ray
 
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
-    remote_cls = ray.remote(RestartableStoreActor)
+    remote_cls = ray.remote(threaded(RestartableStoreActor))
     per_shard = capacity_bytes // shards
     return [
-        remote_cls.options(num_cpus=0, max_restarts=restarts, max_task_retries=0).remote(
-            per_shard, policy, i
-        )
+        remote_cls.options(
+            num_cpus=0,
+            max_restarts=restarts,
+            max_task_retries=0,
+            scheduling_strategy=beside_driver(),
+        ).remote(per_shard, policy, i)
         for i in range(shards)
     ]

@@ -49,9 +49,21 @@ class FillPolicy(ABC):
 
     name: str
 
+    decides_at_once = False
+    """Whether :meth:`decide` is cheaper than ``generation`` then ``choose`` (a remote gate:
+    one round trip instead of two); the speculator then ranks first and asks once."""
+
     async def generation(self, session: BranchSession) -> bool:
         """Action 0: run the predictor for this branch at all (default: always)."""
         return True
+
+    async def decide(self, session: BranchSession,
+                     ranked: Sequence[Ranked]) -> list[FillChoice] | None:
+        """Actions 0 and 1 at once on a ranking made beforehand: ``None`` when Action 0
+        closes the entry, else :meth:`choose`'s answer (this default: the two in turn)."""
+        if not await self.generation(session):
+            return None
+        return await self.choose(session, ranked)
 
     @abstractmethod
     async def choose(self, session: BranchSession,
@@ -126,21 +138,36 @@ class Speculator(BranchHook):
 
     async def opened(self, session: BranchSession) -> None:
         self.counts["branches"] += 1
+        ctx = BranchContext.of(session.request_id, session.point)
+        k = len(session.point.candidates) or max(self.fanout, 1) * 4
+        drafts = isinstance(self.predictor, DraftingPredictor) and session.draft is not None
+        if self.policy.decides_at_once and not drafts:
+            # NOTE: ranking is synchronous and cheap, so it runs before Action 0 and the
+            # gate answers both actions in one round trip; a closed entry's ranking is
+            # simply not used (a drafter's ranking costs an engine call: it waits).
+            await self._fill(session, self.predictor.rank(ctx, k), at_once=True)
+            return
         if not await self.policy.generation(session):
             return
         self.counts["generated"] += 1
-        ctx = BranchContext.of(session.request_id, session.point)
-        k = len(session.point.candidates) or max(self.fanout, 1) * 4
-        if isinstance(self.predictor, DraftingPredictor) and session.draft is not None:
+        if drafts:
             self._drafts[session] = asyncio.create_task(
                 self._draft_and_fill(session, ctx, k), name=f"draft-{session.request_id}")
             return
         await self._fill(session, self.predictor.rank(ctx, k))
 
-    async def _fill(self, session: BranchSession, ranking: Sequence[str]) -> None:
+    async def _fill(self, session: BranchSession, ranking: Sequence[str], *,
+                    at_once: bool = False) -> None:
         ranked = [Ranked(c, r) for r, c in enumerate(ranking) if session.fillable(c)]
+        if at_once:
+            choices = await self.policy.decide(session, ranked)
+            if choices is None:
+                return
+            self.counts["generated"] += 1
+        else:
+            choices = await self.policy.choose(session, ranked)
         self.counts["candidates"] += len(ranked)
-        for choice in await self.policy.choose(session, ranked):
+        for choice in choices:
             session.start(choice)
         # NOTE: T_setup is what the entry spent on the run's clock before its fills could
         # start: prediction, drafting and admission (a gate round trip on Ray).

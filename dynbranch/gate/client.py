@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dynbranch.gate.gate import Admission, Candidate, Gate
@@ -16,10 +17,22 @@ from dynbranch.gate.load import LoadView
 from dynbranch.gate.returns import GenerationDecision, Observation, Settlement
 
 
+@dataclass(frozen=True)
+class BranchDecision:
+    """Actions 0 and 1 of one branch entry in one answer: whether it predicts at all and,
+    when it does, the gate's admission of each candidate (none when it does not)."""
+
+    generation: GenerationDecision
+    admissions: tuple[Admission, ...] = ()
+
+
 class GateClient(ABC):
     """Async access to one gate's Actions 0 and 1 and its learning."""
 
     policy: str
+    batches_decisions = False
+    """Whether :meth:`decide` costs one round trip where ``generation`` then ``admit`` cost
+    two (a remote gate); the priced policy then ranks before Action 0 and asks once."""
 
     @abstractmethod
     async def generation(self, coordinate: str, now: float) -> GenerationDecision: ...
@@ -27,6 +40,17 @@ class GateClient(ABC):
     @abstractmethod
     async def admit(self, coordinate: str, candidates: Sequence[Candidate], view: LoadView,
                     now: float) -> list[Admission]: ...
+
+    async def decide(self, coordinate: str, candidates: Sequence[Candidate], view: LoadView,
+                     now: float) -> BranchDecision:
+        """Action 0 at ``now`` and, if it opens, Action 1 on ``candidates`` at the same
+        ``now``: exactly ``generation`` then ``admit`` (what this default does), with nothing
+        between the two."""
+        generation = await self.generation(coordinate, now)
+        if not generation.open:
+            return BranchDecision(generation)
+        return BranchDecision(generation,
+                              tuple(await self.admit(coordinate, candidates, view, now)))
 
     @abstractmethod
     async def release(self, reservations: Sequence[Any]) -> int:

@@ -98,6 +98,7 @@ class PricedPolicy(FillPolicy):
         self._ran_under: dict[str, LoadView] = {}  # fill id -> the load it ran under
         self._entries: dict[str, list[_Entry]] = {}
         self._probe: asyncio.Task | None = None
+        self._load_seen = False  # whether the envelope has had one load reading
         self.counts = {"entries": 0, "opened": 0, "admitted": 0, "refused": 0, "audits": 0}
 
     @classmethod
@@ -116,15 +117,45 @@ class PricedPolicy(FillPolicy):
 
     # -- Action 0 -------------------------------------------------------------------------
 
+    @property
+    def decides_at_once(self) -> bool:
+        """Whether the gate answers Actions 0 and 1 in one round trip (a remote gate)."""
+        return self.gate.batches_decisions
+
     async def generation(self, session: BranchSession) -> bool:
         self._start_probe(session)
         self.counts["entries"] += 1
         decision = await self.gate.generation(str(session.point.coordinate), session.now())
         if decision.open:
-            self.counts["opened"] += 1
-            self._entries.setdefault(session.request_id, []).append(
-                _Entry(session, _stage_key(session)))
+            self._opened(session)
         return decision.open
+
+    def _opened(self, session: BranchSession) -> _Entry:
+        self.counts["opened"] += 1
+        entry = _Entry(session, _stage_key(session))
+        self._entries.setdefault(session.request_id, []).append(entry)
+        return entry
+
+    async def decide(self, session: BranchSession,
+                     ranked: Sequence[Ranked]) -> list[FillChoice] | None:
+        """Actions 0 and 1 in one gate call, priced against the load envelope as the probe
+        keeps it. NOTE: unlike :meth:`choose`, no fresh load read first (it would be one
+        more round trip per branch, to every engine); the probe observes every
+        :data:`PROBE_S`, and the first entry of a run waits for one reading."""
+        self._start_probe(session)
+        self.counts["entries"] += 1
+        if not self._load_seen:
+            await self._observe_load(session)
+        now = session.now()
+        stage_key = _stage_key(session)
+        candidates = [self._candidate(stage_key, c.name, c.rank) for c in ranked]
+        decision = await self.gate.decide(str(session.point.coordinate), candidates,
+                                          self.envelope.priced(now), now)
+        if not decision.generation.open:
+            return None
+        entry = self._opened(session)
+        entry.ranked = list(ranked)
+        return self._choices(entry, decision.admissions)
 
     # -- Action 1 -------------------------------------------------------------------------
 
@@ -137,6 +168,9 @@ class PricedPolicy(FillPolicy):
         candidates = [self._candidate(entry.stage_key, c.name, c.rank) for c in entry.ranked]
         admissions = await self.gate.admit(str(session.point.coordinate), candidates,
                                            self.envelope.priced(now), now)
+        return self._choices(entry, admissions)
+
+    def _choices(self, entry: _Entry, admissions: Sequence[Admission]) -> list[FillChoice]:
         choices = []
         for a in admissions:
             if a.admitted:
@@ -250,6 +284,7 @@ class PricedPolicy(FillPolicy):
     async def _observe_load(self, session: BranchSession) -> None:
         snapshots = await session.loads()
         self.envelope.observe(LoadView.from_snapshots(snapshots, self.budget), session.now())
+        self._load_seen = True
 
     def _start_probe(self, session: BranchSession) -> None:
         if self._probe is None or self._probe.done():

@@ -6,7 +6,8 @@
 arguments, and ``__init__`` rebuilds the gate from its checkpoint
 (:class:`~dynbranch.cluster.gate.journal.GateCheckpoint`).
 
-Every mutating call (``generation``, ``admit``, ``release``, ``learn``, ``abandon``) is
+Every mutating call (``generation``, ``admit``, ``decide``, ``release``, ``learn``,
+``abandon``) is
 journaled with its inputs *after* it is applied and *before* its reply leaves the actor;
 a snapshot is written every :data:`SNAPSHOT_EVERY` journal entries and on
 :meth:`GateActor.checkpoint`. The gate is pure and deterministic, so snapshot + journal
@@ -26,6 +27,7 @@ twice nor learns twice (the log is part of the checkpoint).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -56,10 +58,11 @@ from dynbranch.gate import (
     Reservation,
     Settlement,
 )
-from dynbranch.gate.client import apply_learning
+from dynbranch.gate.client import BranchDecision, apply_learning
 
 SNAPSHOT_EVERY = 1024
 """Journal entries between two snapshots (bounds the replay after a crash)."""
+_CLOSED = GenerationDecision(False, math.nan)
 CALLS_KEPT = 512
 """Recent call replies the actor keeps to answer a retried call id (with the checkpoint)."""
 
@@ -67,10 +70,10 @@ CALLS_KEPT = 512
 class GateActor:
     """One :class:`Gate` behind async methods, checkpointed call by call (see the module doc).
 
-    A plain class: :meth:`GateDeployment.start` makes it remote. Its methods never ``await``,
-    so each runs to completion on the actor's loop, and the journal's order is the order in
-    which the gate saw the calls. ``generation``, ``admit`` and ``learn`` take a ``call_id``:
-    a repeated id is answered from the call log without touching the gate.
+    A plain class: :meth:`GateDeployment.start` makes it remote, as a
+    :func:`~dynbranch.cluster.threaded.threaded` actor. Its methods never ``await``, so each
+    runs to completion, and the journal's order is the order in which the gate saw the calls. ``generation``, ``admit``, ``decide`` and ``learn`` take a
+    ``call_id``: a repeated id is answered from the call log without touching the gate.
     """
 
     def __init__(
@@ -108,6 +111,22 @@ class GateActor:
         """Action 1; an id the client has abandoned (see :meth:`abandon`) admits nothing."""
         rows = [encode_candidate(c) for c in candidates]
         return self._run("admit", call_id, [coordinate, rows, list(view.as_tuple()), now])
+
+    async def decide(
+        self, call_id: str, coordinate: str, rows: Sequence[list], view: Sequence[float],
+        now: float,
+    ) -> BranchDecision:
+        """Action 0 and, if it opens, Action 1 in one call (one journal entry): what
+        ``generation`` then ``admit`` would answer with no call between them.
+
+        ``rows`` are the candidates as :func:`~dynbranch.cluster.gate.codec.encode_candidate`
+        writes them and ``view`` is :meth:`LoadView.as_tuple`: the client encodes once, and
+        the journal keeps what arrived (nothing is encoded again here).
+        """
+        reply = self._run("decide", call_id, [coordinate, list(rows), list(view), now])
+        # NOTE: an id abandoned before it ran is answered from the log with no admissions
+        # (and nothing decided); its client has stopped waiting and reads no reply.
+        return reply if isinstance(reply, BranchDecision) else BranchDecision(_CLOSED)
 
     async def release(self, reservations: Sequence[Reservation]) -> int:
         """Return receipts to the ledger; how many it still held."""
@@ -189,6 +208,13 @@ class GateActor:
             coordinate, [decode_candidate(r) for r in rows], LoadView(*view), now
         )
 
+    def _apply_decide(self, coordinate: str, rows: list, view: list, now: float
+                      ) -> BranchDecision:
+        generation = self.gate.generation(coordinate, now)
+        if not generation.open:
+            return BranchDecision(generation)
+        return BranchDecision(generation, tuple(self._apply_admit(coordinate, rows, view, now)))
+
     def _apply_release(self, receipts: list) -> int:
         return sum(self.gate.release(decode_receipt(r)) for r in receipts)
 
@@ -203,6 +229,8 @@ class GateActor:
         freed = 0
         for call_id in call_ids:
             kind, reply = self._calls.get(call_id, ("", None))
+            if kind == "decide":
+                kind, reply = "admit", reply.admissions
             if kind == "admit":
                 freed += sum(self.gate.release(a.reservation) for a in reply if a.admitted)
             elif not kind:

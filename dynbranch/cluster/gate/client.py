@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dynbranch.cluster.gate.codec import encode_candidate
 from dynbranch.gate import (
     Admission,
     Candidate,
@@ -29,7 +30,7 @@ from dynbranch.gate import (
     Observation,
     Settlement,
 )
-from dynbranch.gate.client import GateClient
+from dynbranch.gate.client import BranchDecision, GateClient
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -77,6 +78,8 @@ class RayGateClient(GateClient):
     only.
     """
 
+    batches_decisions = True
+
     def __init__(self, actor: ActorHandle, policy: str, retry: RetryPolicy | None = None) -> None:
         self._actor, self.policy = actor, policy
         self.retry = retry or RetryPolicy()
@@ -85,7 +88,15 @@ class RayGateClient(GateClient):
         self._down_until = 0.0
         self._pending: list[tuple[str, tuple]] = []
         self.counts = dict.fromkeys(
-            ("calls", "retries", "degraded_generation", "degraded_admit", "learn_dropped"), 0
+            (
+                "calls",
+                "retries",
+                "degraded_generation",
+                "degraded_admit",
+                "degraded_decide",
+                "learn_dropped",
+            ),
+            0,
         )
 
     async def generation(self, coordinate: str, now: float) -> GenerationDecision:
@@ -115,6 +126,25 @@ class RayGateClient(GateClient):
             Admission(c.name, c.rank, 0.0, 0.0, 0.0, c.gain_ms, 0.0, 0.0, UNAVAILABLE)
             for c in candidates
         ]
+
+    async def decide(
+        self, coordinate: str, candidates: Sequence[Candidate], view: LoadView, now: float
+    ) -> BranchDecision:
+        """Actions 0 and 1 in one round trip; closed (no fills) while the gate cannot answer.
+
+        NOTE: the candidates travel as codec rows and the view as its tuple, encoded once
+        here: the actor journals what arrives, and rows pickle smaller and faster than the
+        dataclasses they stand for.
+        """
+        if not self._down():
+            call_id = next(self._ids)
+            rows = [encode_candidate(c) for c in candidates]
+            try:
+                return await self._call("decide", call_id, coordinate, rows, view.as_tuple(), now)
+            except _Unavailable:
+                self._pending.append(("abandon", ([call_id],)))  # as for a degraded admit
+        self.counts["degraded_decide"] += 1
+        return BranchDecision(GenerationDecision(False, math.nan))
 
     async def release(self, reservations: Sequence[Any]) -> int:
         """Returns how many receipts the gate still held; 0 while they wait in the queue."""
@@ -172,7 +202,7 @@ class RayGateClient(GateClient):
         """
         if not self._pending or (self._down() and not force):
             return 0
-        todo, self._pending = self._pending, []
+        todo, self._pending = _merged(self._pending), []
         freed = 0
         for i, (method, args) in enumerate(todo):
             try:
@@ -225,6 +255,19 @@ class RayGateClient(GateClient):
         with contextlib.suppress(RayActorError, TimeoutError):
             await asyncio.wait_for(self._ready, self.retry.startup_timeout_s)
         self._ready = None
+
+
+def _merged(todo: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
+    """``todo`` with each run of consecutive ``release`` calls as one call (one round trip
+    for the receipts of every fill that ended since the last flush). NOTE: only adjacent
+    ones: a release must not overtake the learning or abandonment queued before it."""
+    out: list[tuple[str, tuple]] = []
+    for method, args in todo:
+        if method == "release" and out and out[-1][0] == "release":
+            out[-1] = ("release", (out[-1][1][0] + list(args[0]),))
+        else:
+            out.append((method, args))
+    return out
 
 
 def _cancel(ref: Any) -> None:

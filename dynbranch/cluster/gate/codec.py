@@ -20,6 +20,7 @@ from dynbranch.gate import (
     Reservation,
     Settlement,
 )
+from dynbranch.gate.client import BranchDecision
 
 
 def encode_observation(o: Observation) -> list:
@@ -98,11 +99,16 @@ def decode_settlement(row: list) -> Settlement:
 
 
 def encode_reply(kind: str, reply: Any) -> Any:
-    """A remembered call reply as a row (``generation`` and ``admit`` carry one)."""
+    """A remembered call reply as a row (``generation``, ``admit`` and ``decide`` carry one)."""
     if kind == "generation":
         return [reply.open, reply.estimate, reply.audit]
     if kind == "admit":
         return [encode_admission(a) for a in reply]
+    if kind == "decide":
+        return [
+            encode_reply("generation", reply.generation),
+            encode_reply("admit", reply.admissions),
+        ]
     return None
 
 
@@ -112,6 +118,11 @@ def decode_reply(kind: str, row: Any) -> Any:
         return GenerationDecision(*row)
     if kind == "admit":
         return [decode_admission(a) for a in row]
+    if kind == "decide":
+        generation, admissions = row
+        return BranchDecision(
+            decode_reply("generation", generation), tuple(decode_reply("admit", admissions))
+        )
     return [] if kind == "abandoned" else None
 
 

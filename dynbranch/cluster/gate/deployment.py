@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from dynbranch.cluster.gate.actor import SNAPSHOT_EVERY, GateActor
 from dynbranch.cluster.gate.client import RayGateClient, RetryPolicy
+from dynbranch.cluster.threaded import threaded
 from dynbranch.errors import ConfigError
 from dynbranch.gate import ContentionModel, GateConfig
 from dynbranch.gate.policy import make_policy
@@ -58,7 +59,8 @@ class GateDeployment:
 
         NOTE: the actor takes no CPU (bookkeeping between RPCs must not compete with engines
         for a bundle) and is not detached: it is owned by the driver and dies with the job.
-        ``max_task_retries=0``: Ray does not resend a call that was in flight at a crash,
+        It runs :func:`~dynbranch.cluster.threaded.threaded` (a plain actor, one call at a
+        time). ``max_task_retries=0``: Ray does not resend a call that was in flight at a crash,
         because the client does, with the same call id. Not ``get_if_exists``: the name is
         new per run, so an existing actor under it is a bug to report, not one to reuse with
         whatever arguments it was built from; reuse within a run is the backend's (one
@@ -73,7 +75,7 @@ class GateDeployment:
         name = f"dynbranch-gate-{run_id}"
         here = ray.get_runtime_context().get_node_id()
         actor = (
-            ray.remote(actor_cls)
+            ray.remote(threaded(actor_cls))
             .options(
                 name=name,
                 max_restarts=-1,
