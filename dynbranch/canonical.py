@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import msgpack
@@ -18,8 +19,38 @@ import msgpack
 SCHEMA_VERSION = 1
 
 
+_PACKED_KEYS: dict[str, bytes] = {}
+"""Encoded string keys, by key: map keys repeat across values (schemas, messages)."""
+
+_PACKED_KEYS_MAX = 1 << 16
+
+
+def _key_order(item: tuple[Any, Any]) -> bytes:
+    """The sort key of one normalised map item: its key's encoding."""
+    key = item[0]
+    if type(key) is not str:
+        return msgpack.packb(key, use_bin_type=True)
+    packed = _PACKED_KEYS.get(key)
+    if packed is None:
+        if len(_PACKED_KEYS) >= _PACKED_KEYS_MAX:
+            _PACKED_KEYS.clear()  # NOTE: bounded; open-vocabulary keys must not grow it forever
+        packed = _PACKED_KEYS[key] = msgpack.packb(key, use_bin_type=True)
+    return packed
+
+
 def _normal(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, str, bytes)):
+    # NOTE: exact-type fast paths first (the hot path of every reuse name and input digest);
+    # subclasses and other types fall through to the general rules below, unchanged.
+    t = type(value)
+    if t is str or t is int or t is bool or value is None or t is bytes:
+        return value
+    if t is Normalised:
+        return value.value
+    if t is dict or t is MappingProxyType:
+        return _normal_map(value)
+    if t is list or t is tuple:
+        return [_normal(v) for v in value]
+    if isinstance(value, (bool, int, str, bytes)):
         return value
     if isinstance(value, float):
         if math.isnan(value):
@@ -28,14 +59,36 @@ def _normal(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_normal(v) for v in value]
     if isinstance(value, Mapping):
-        items = [(_normal(k), _normal(v)) for k, v in value.items()]
-        # NOTE: sort by the encoded key so mixed key types still order deterministically.
-        items.sort(key=lambda kv: msgpack.packb(kv[0], use_bin_type=True))
-        return {"__map__": [[k, v] for k, v in items]}
+        return _normal_map(value)
     canonical = getattr(value, "canonical", None)
     if callable(canonical):
         return _normal(canonical())
     raise TypeError(f"{type(value).__name__} has no canonical encoding")
+
+
+def _normal_map(value: Mapping[Any, Any]) -> dict[str, list[list[Any]]]:
+    items = [(_normal(k), _normal(v)) for k, v in value.items()]
+    # NOTE: sort by the encoded key so mixed key types still order deterministically.
+    items.sort(key=_key_order)
+    return {"__map__": [[k, v] for k, v in items]}
+
+
+class Normalised:
+    """A value already in canonical form (:func:`normalise`), encoded as is when nested.
+
+    Lets a caller that encodes the same value inside several keys (a stage's rendered
+    fields: its input digest and its reuse key) walk it once.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def normalise(value: Any) -> Normalised:
+    """``value`` in canonical form; raises ``TypeError`` where :func:`canonical_bytes` would."""
+    return Normalised(_normal(value))
 
 
 def canonical_bytes(value: Any) -> bytes:

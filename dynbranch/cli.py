@@ -206,7 +206,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         max_inflight=args.max_inflight, deadline_s=args.deadline_s, tenants=args.tenants,
         network=args.network, out=args.out, progress=not args.quiet)
     progress = print if not args.quiet else (lambda _msg: None)
-    result = run_replay(prepare(cfg, progress))
+    result = run_replay(prepare(cfg, progress), keep_log=False)
     if result.summary.get("interrupted"):
         s = result.summary
         print(f"dynbranch: interrupted by {s['interrupted_by']}: {s['completed']} requests "

@@ -247,20 +247,22 @@ class ReplayResult:
     orchestrator: Orchestrator
 
 
-def run_replay(prepared: Prepared, backend: Backend | None = None) -> ReplayResult:
+def run_replay(prepared: Prepared, backend: Backend | None = None, *,
+               keep_log: bool = True) -> ReplayResult:
     """Run a prepared replay to the end (or to an interrupt) and write its results.
 
     Rows stream to ``out/parts/`` while it runs (:mod:`dynbranch.resultlog`); at the end the
     final files replace them. SIGINT or SIGTERM stop the launch: the requests in flight are
     cancelled into ``interrupted`` records and the results are written, with ``interrupted``
     set in the summary. A backend that fails to shut down is reported, never lets the results
-    go unwritten.
+    go unwritten. Unless ``keep_log``, stage and branch records leave memory once streamed
+    (the returned orchestrator's log then holds none): a long run's memory stays flat.
     """
     from dynbranch.results import report, summarize
 
     cfg, clock = prepared.config, prepared.clock
     backend = backend or make_backend(cfg, clock)
-    state = _RunState()
+    state = _RunState(keep_log=keep_log)
     with Stopwatch() as wall:
         clock.run(_replay(prepared, backend, state))
     if state.orch is None or state.stream is None:
@@ -268,9 +270,10 @@ def run_replay(prepared: Prepared, backend: Backend | None = None) -> ReplayResu
     orch = state.orch
     run = {**cfg.settings(), "wall_s": wall.elapsed_s, "backend": backend.name,
            **state.fields()}
-    summary = summarize(run, state.records, orch.log.stages, fills=orch.fills.stats(),
+    state.stream.flush(every_branch=True)
+    summary = summarize(run, state.records, state.stream.tally, fills=orch.fills.stats(),
                         mechanisms=orch.mechanism_stats)
-    state.stream.close(summary, state.records, orch.log.stages, orch.log.branches)
+    state.stream.close(summary, state.records)
     if cfg.progress:
         print(report(summary))
     return ReplayResult(summary, state.records, orch)
@@ -280,6 +283,7 @@ def run_replay(prepared: Prepared, backend: Backend | None = None) -> ReplayResu
 class _RunState:
     """What a run leaves behind, however it ended."""
 
+    keep_log: bool = True
     orch: Orchestrator | None = None
     stream: ResultStream | None = None
     records: list[RequestRecord] = field(default_factory=list)
@@ -322,7 +326,8 @@ async def _serve(prepared: Prepared, backend: Backend, state: _RunState,
         clients = with_network(backend.clients(), cfg.network, prepared.clock)
         orch = Orchestrator(prepared.clock, clients, prepared.arm, run=run)
         state.orch = orch
-        state.stream = ResultStream(cfg.out, orch.log.stages, prepared.clock.now)
+        state.stream = ResultStream(cfg.out, orch.log.stages, prepared.clock.now,
+                                    branches=orch.log.branches, keep=state.keep_log)
         # NOTE: before the clock starts (InstCache's predicted requests, the oracle's branch
         # outcomes; the other arms do nothing)
         await orch.reuse.prepopulate(prepared.workload, prepared.data, cfg.seed,

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from dynbranch.outdir import OutDir
+from dynbranch.results import StageTally
 from dynbranch.runtime.runlog import BranchRecord, RequestRecord, StageRecord
 
 PARTS = "parts"
@@ -35,29 +36,40 @@ DEFAULT_FLUSH_S = 2.0
 class ResultStream:
     """Streams a replay's rows to ``out`` as requests finish (see the module doc).
 
-    ``stages`` is the run log's stage list: the stream keeps its own cursor into it, so each
-    stage row goes into exactly one shard, in log order. ``now`` is the run clock.
+    ``stages`` and ``branches`` are the run log's lists: the stream keeps its own cursors into
+    them, so each row goes into exactly one shard, stages in log order and a request's branch
+    rows with its request row. ``now`` is the run clock. Unless ``keep``, rows written to a
+    shard are removed from the lists, so a long run's memory does not grow with its length;
+    :attr:`tally` keeps what the summary needs of the stage rows either way.
     """
 
     def __init__(
         self,
         out: OutDir | Path | str,
-        stages: Sequence[StageRecord],
+        stages: list[StageRecord],
         now: Callable[[], float],
         *,
+        branches: list[BranchRecord] | None = None,
+        keep: bool = True,
         flush_every: int = DEFAULT_FLUSH_EVERY,
         flush_s: float = DEFAULT_FLUSH_S,
     ) -> None:
         if flush_every < 1 or not flush_s > 0:
             raise ValueError(f"need flush_every >= 1 and flush_s > 0, got {flush_every}, {flush_s}")
         self.out = OutDir.parse(out)
-        self._stages, self._now = stages, now
+        self._stages, self._now, self.keep = stages, now, keep
+        self._branches = branches if branches is not None else []
         self.flush_every, self.flush_s = flush_every, flush_s
         self._pending: list[RequestRecord] = []
-        self._stage_cursor = 0
+        self._stage_cursor = self._branch_cursor = 0
+        # NOTE: branch rows wait here, numbered in the order they opened, until their
+        # request's row is written: a branch record is completed when it resolves.
+        self._open: list[tuple[int, BranchRecord]] = []
+        self._branch_seq = 0
         self._shards = 0
         self._last_flush: float | None = None
-        self.rows_written = {"requests": 0, "stages": 0}
+        self.rows_written = {"requests": 0, "stages": 0, "branches": 0}
+        self.tally = StageTally()
 
     def finished(self, record: RequestRecord) -> None:
         """A request finished (whatever its fate): its row goes into the next shard."""
@@ -68,36 +80,90 @@ class ResultStream:
         if len(self._pending) >= self.flush_every or now - self._last_flush >= self.flush_s:
             self.flush()
 
-    def flush(self) -> None:
-        """Write what is pending as one shard pair (nothing when nothing is pending)."""
+    def flush(self, *, every_branch: bool = False) -> None:
+        """Write what is pending as one shard set (nothing when nothing is pending);
+        ``every_branch`` writes the branch rows of unfinished requests too (the run's end)."""
         stages = self._stages[self._stage_cursor :]
-        if not self._pending and not stages:
+        branches = self._take_branches(every_branch)
+        if not self._pending and not stages and not branches:
             return
         self._shards += 1
         n = self._shards
-        # NOTE: stages first: a requests shard on disk implies its stage rows are there too.
+        # NOTE: stages and branches first: a requests shard on disk implies its other rows.
         self.out.write_bytes(f"{PARTS}/stages-{n:05d}.jsonl", _jsonl(_stage_rows(stages)))
+        self.out.write_bytes(
+            f"{PARTS}/branches-{n:05d}.jsonl",
+            _jsonl([{**b.row(), SEQ: seq} for seq, b in branches]),
+        )
         self.out.write_bytes(
             f"{PARTS}/requests-{n:05d}.jsonl", _jsonl([r.row() for r in self._pending])
         )
+        for s in stages:
+            self.tally.add(s)
         self.rows_written["requests"] += len(self._pending)
         self.rows_written["stages"] += len(stages)
-        self._stage_cursor += len(stages)
+        self.rows_written["branches"] += len(branches)
+        if self.keep:
+            self._stage_cursor += len(stages)
+        else:
+            del self._stages[: self._stage_cursor + len(stages)]
+            self._stage_cursor = 0
         self._pending.clear()
         self._last_flush = self._now()
 
-    def close(
-        self,
-        summary: Mapping[str, Any],
-        requests: Sequence[RequestRecord],
-        stages: Sequence[StageRecord],
-        branches: Sequence[BranchRecord],
-    ) -> None:
-        """Write the final result files, then remove the shards they supersede."""
+    def _take_branches(self, every: bool) -> list[tuple[int, BranchRecord]]:
+        """The branch rows to write now: those of the pending requests (or ``every`` one)."""
+        for b in self._branches[self._branch_cursor :]:
+            self._open.append((self._branch_seq, b))
+            self._branch_seq += 1
+        if self.keep:
+            self._branch_cursor = len(self._branches)
+        else:
+            self._branches.clear()
+        done = {r.request_id for r in self._pending}
+        taken = [(q, b) for q, b in self._open if every or b.request_id in done]
+        if taken:
+            self._open = [(q, b) for q, b in self._open if not every and b.request_id not in done]
+        return taken
+
+    def close(self, summary: Mapping[str, Any], requests: Sequence[RequestRecord]) -> None:
+        """Write the final result files from the shards, then remove the shards.
+
+        ``requests`` are the run's request records in launch order; stage and branch rows
+        come back from the shards, chunk by chunk (:func:`~dynbranch.results.write_results`).
+        """
         from dynbranch.results import write_results
 
-        write_results(self.out, summary, requests, stages, branches)
+        self.flush(every_branch=True)
+        names = self.out.listdir(PARTS)
+        write_results(
+            self.out,
+            summary,
+            requests,
+            _shard_rows(self.out, names, "stages"),
+            _branch_rows(self.out, names),
+        )
         self.out.remove_tree(PARTS)
+
+
+SEQ = "_seq"
+"""The column of a branch shard row that numbers branches in the order they opened."""
+
+
+def _shard_rows(out: OutDir, names: Sequence[str], kind: str) -> Iterator[dict[str, Any]]:
+    """The rows of every ``kind`` shard, shard by shard, in the order they were written."""
+    for name in names:
+        if name.startswith(f"{kind}-") and name.endswith(".jsonl"):
+            data = out.read_bytes(f"{PARTS}/{name}").decode("utf-8")
+            yield from (json.loads(line) for line in data.splitlines() if line)
+
+
+def _branch_rows(out: OutDir, names: Sequence[str]) -> list[dict[str, Any]]:
+    """Every branch row, in the order the branches opened (as the run log holds them)."""
+    rows = sorted(_shard_rows(out, names, "branches"), key=lambda r: r[SEQ])
+    for r in rows:
+        del r[SEQ]
+    return rows
 
 
 def _stage_rows(stages: Sequence[StageRecord]) -> list[dict[str, Any]]:

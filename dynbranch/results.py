@@ -7,14 +7,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from dynbranch.audit import unsafe_splices, unverified_splices
 from dynbranch.outdir import OutDir
@@ -29,14 +32,17 @@ SUMMARY_FIELDS = (
 
 
 def summarize(run: Mapping[str, Any], requests: Sequence[RequestRecord],
-              stages: Sequence[StageRecord], fills: Mapping[str, int] | None = None,
+              stages: Sequence[StageRecord] | StageTally, fills: Mapping[str, int] | None = None,
               mechanisms: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The run's summary: ``run`` holds its settings (workload, arm, …, wall_s)."""
+    """The run's summary: ``run`` holds its settings (workload, arm, …, wall_s).
+
+    ``stages`` is the stage log, or its :class:`StageTally` when the rows were streamed away.
+    """
+    tally = stages if isinstance(stages, StageTally) else StageTally.of(stages)
     done = [r for r in requests if r.status == "completed"]
     lat = np.array([r.latency for r in done]) if done else np.array([np.nan])
     scored = [r.correct for r in done if r.correct is not None]
     fills = dict(fills or {})
-    spec = [s for s in stages if s.speculative]
     sim_s = max((r.end for r in requests), default=0.0)
     out: dict[str, Any] = {
         **{k: run[k] for k in ("workload", "arm", "engine", "backend", "rate")},
@@ -45,13 +51,11 @@ def summarize(run: Mapping[str, Any], requests: Sequence[RequestRecord],
         "mean_latency_s": _f(np.mean(lat)), "p50_latency_s": _f(np.percentile(lat, 50)),
         "p99_latency_s": _f(np.percentile(lat, 99)),
         "accuracy": _f(np.mean(scored)) if scored else None,
-        "reuse_hits": sum(s.served_from == "cache" for s in stages),
-        "promotions": sum(s.served_from in ("shadow", "join") for s in stages),
+        "reuse_hits": tally.reuse_hits, "promotions": tally.promotions,
         "fills_issued": fills.get("issued", 0), "fills_consumed": fills.get("consumed", 0),
         "fills_discarded": fills.get("discarded", 0),
-        "spec_engine_s": _f(sum(s.engine_s for s in spec)),
-        "unsafe_splices": len(unsafe_splices(stages)),
-        "unverified_splices": len(unverified_splices(stages)),
+        "spec_engine_s": _f(sum(tally.spec_engine_s)),
+        "unsafe_splices": tally.unsafe, "unverified_splices": tally.unverified,
         "wall_s": _f(run["wall_s"]),
     }
     extra = {k: v for k, v in run.items() if k not in out}
@@ -64,13 +68,75 @@ def summarize(run: Mapping[str, Any], requests: Sequence[RequestRecord],
         "throughput_rps": _f(len(done) / sim_s) if sim_s > 0 else 0.0,
         "prompt_tokens": int(sum(r.prompt_tokens for r in requests)),
         "output_tokens": int(sum(r.output_tokens for r in requests)),
-        "stages": len(stages),
+        "stages": tally.stages,
         **fate_counts(requests),
-        "tenant_reuse": tenant_reuse(requests, stages),
+        "tenant_reuse": tally.tenant_reuse(requests),
         "errors": _error_counts(requests),
         **dict(mechanisms or {}),
     })
     return {**out, **extra}
+
+
+class StageTally:
+    """Every stage-derived summary field, kept as running aggregates while rows stream by.
+
+    A replay streams its stage rows to disk and forgets them (:mod:`dynbranch.resultlog`);
+    what the summary needs of them is added up here, one row at a time in log order, so the
+    summary is the same as one computed over the whole log and memory does not hold the rows.
+    """
+
+    def __init__(self) -> None:
+        self.stages = self.reuse_hits = self.promotions = self.unsafe = self.unverified = 0
+        # NOTE: the engine seconds themselves (8 bytes a speculative stage), not a running
+        # float sum: ``sum`` over them is the summation the whole-log summary does.
+        self.spec_engine_s = array("d")
+        self._first_exec: dict[str, tuple[float, float, int, str]] = {}
+        self._served: list[tuple[str, float, float, int, str]] = []
+
+    @classmethod
+    def of(cls, stages: Iterable[StageRecord]) -> StageTally:
+        """The tally of a whole stage log."""
+        tally = cls()
+        for s in stages:
+            tally.add(s)
+        return tally
+
+    def add(self, s: StageRecord) -> None:
+        """Count the next stage row of the log."""
+        at = self.stages
+        self.stages += 1
+        self.reuse_hits += s.served_from == "cache"
+        self.promotions += s.served_from in ("shadow", "join")
+        if s.speculative:
+            self.spec_engine_s.append(s.engine_s)
+        self.unsafe += bool(unsafe_splices((s,)))
+        self.unverified += bool(unverified_splices((s,)))
+        if s.served_from != "exec":
+            self._served.append((s.reuse_name, s.end, s.start, at, s.request_id))
+        elif s.reuse_name and not s.error:
+            first = self._first_exec.get(s.reuse_name)
+            if first is None or (s.end, s.start, at) < first[:3]:
+                self._first_exec[s.reuse_name] = (s.end, s.start, at, s.request_id)
+
+    def tenant_reuse(self, requests: Sequence[RequestRecord]) -> dict[str, int]:
+        """Served stages (cache, shadow, join) by whether the request that executed what
+        they were served ran for the same tenant: the stage log's own check that reuse never
+        crosses tenants (``cross_tenant`` must be 0), independent of how names are built.
+
+        A served stage's producer is the first execution of its name in (end, start, log)
+        order, if that execution comes before it in the same order.
+        """
+        tenant = {r.request_id: r.tenant for r in requests}
+        counts = {"same_tenant": 0, "cross_tenant": 0, "unattributed": 0}
+        for name, end, start, at, request_id in self._served:
+            first = self._first_exec.get(name)
+            source = first[3] if first is not None and first[:3] < (end, start, at) else None
+            if source is None or source not in tenant or request_id not in tenant:
+                counts["unattributed"] += 1
+            else:
+                same = tenant[source] == tenant[request_id]
+                counts["same_tenant" if same else "cross_tenant"] += 1
+        return counts
 
 
 def _f(x: Any) -> float | None:
@@ -94,23 +160,8 @@ def fate_counts(requests: Sequence[RequestRecord]) -> dict[str, int]:
 
 def tenant_reuse(requests: Sequence[RequestRecord],
                  stages: Sequence[StageRecord]) -> dict[str, int]:
-    """Served stages (cache, shadow, join) by whether the request that executed what they
-    were served ran for the same tenant: the stage log's own check that reuse never crosses
-    tenants (``cross_tenant`` must be 0), independent of how names are built."""
-    tenant = {r.request_id: r.tenant for r in requests}
-    producer: dict[str, str] = {}
-    counts = {"same_tenant": 0, "cross_tenant": 0, "unattributed": 0}
-    for s in sorted(stages, key=lambda s: (s.end, s.start)):
-        if s.served_from == "exec" and s.reuse_name and not s.error:
-            producer.setdefault(s.reuse_name, s.request_id)
-        elif s.served_from != "exec":
-            source = producer.get(s.reuse_name)
-            if source is None or source not in tenant or s.request_id not in tenant:
-                counts["unattributed"] += 1
-            else:
-                same = tenant[source] == tenant[s.request_id]
-                counts["same_tenant" if same else "cross_tenant"] += 1
-    return counts
+    """:meth:`StageTally.tenant_reuse` of a whole stage log."""
+    return StageTally.of(stages).tenant_reuse(requests)
 
 
 def _error_counts(requests: Sequence[RequestRecord]) -> dict[str, int]:
@@ -123,20 +174,22 @@ def _error_counts(requests: Sequence[RequestRecord]) -> dict[str, int]:
 
 
 def write_results(out: OutDir | Path | str, summary: Mapping[str, Any],
-                  requests: Sequence[RequestRecord], stages: Sequence[StageRecord],
-                  branches: Sequence[BranchRecord]) -> None:
+                  requests: Sequence[RequestRecord],
+                  stages: Iterable[StageRecord | Mapping[str, Any]],
+                  branches: Iterable[BranchRecord | Mapping[str, Any]]) -> None:
     """Write every result file of a replay into ``out`` (a path or a filesystem URI).
 
-    Each file is written atomically; ``summary.json`` goes last, so a directory holding it
-    holds every other file of the same run.
+    ``stages`` and ``branches`` are records or their rows (:meth:`StageRecord.row`), in log
+    order; stage rows are consumed chunk by chunk, so an iterator over streamed shards never
+    has to be held whole. Each file is written atomically; ``summary.json`` goes last, so a
+    directory holding it holds every other file of the same run.
     """
     out = OutDir.parse(out)
     out.make()
     out.write_bytes("requests.parquet", _parquet(requests_frame(requests)))
-    out.write_bytes("stages.parquet", _parquet(stages_frame(stages)))
+    out.write_bytes("stages.parquet", _stages_parquet(stages))
     out.write_bytes("branches.parquet", _parquet(pd.DataFrame(
-        [b.row() for b in branches], columns=["request_id", "coordinate", "candidates",
-                                              "chosen", "opened_at", "resolved_at"])))
+        [_row(b) for b in branches], columns=list(BRANCH_COLUMNS))))
     png = io.BytesIO()
     plot_latency_cdf({summary["arm"]: [r.latency for r in requests
                                         if r.status == "completed"]},
@@ -144,6 +197,55 @@ def write_results(out: OutDir | Path | str, summary: Mapping[str, Any],
                                 f"{summary['backend']} · λ={summary['rate']}/s")
     out.write_bytes("latency_cdf.png", png.getvalue())
     out.write_text("summary.json", json.dumps(summary, indent=2, default=_plain) + "\n")
+
+
+BRANCH_COLUMNS = ("request_id", "coordinate", "candidates", "chosen", "opened_at",
+                  "resolved_at")
+
+STAGE_CHUNK_ROWS = 16384
+"""Stage rows converted to Arrow at a time (one Parquet row group each)."""
+
+_ARROW_TYPES = {"str": pa.string(), "str | None": pa.string(), "int": pa.int64(),
+                "float": pa.float64(), "bool": pa.bool_(), "dict[str, str]": pa.string()}
+
+
+def stage_schema() -> pa.Schema:
+    """The Arrow schema of ``stages.parquet``: one column per :class:`StageRecord` field
+    (maps as JSON text), then ``duration``."""
+    cols = [(f.name, _ARROW_TYPES[str(f.type)]) for f in dataclasses.fields(StageRecord)]
+    return pa.schema([*cols, ("duration", pa.float64())])
+
+
+def _row(record: Any) -> dict[str, Any]:
+    return dict(record) if isinstance(record, Mapping) else record.row()
+
+
+def _stages_parquet(stages: Iterable[StageRecord | Mapping[str, Any]]) -> bytes:
+    """``stages.parquet`` written chunk by chunk under :func:`stage_schema`."""
+    import pyarrow.parquet as pq
+
+    schema = stage_schema()
+    buf = io.BytesIO()
+    with pq.ParquetWriter(buf, schema) as writer:
+        chunk: list[dict[str, Any]] = []
+        written = 0
+        for record in stages:
+            chunk.append(_stage_row(record))
+            if len(chunk) >= STAGE_CHUNK_ROWS:
+                writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
+                written += len(chunk)
+                chunk.clear()
+        if chunk or not written:
+            writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
+    return buf.getvalue()
+
+
+def _stage_row(record: StageRecord | Mapping[str, Any]) -> dict[str, Any]:
+    r = _row(record)
+    # NOTE: a map column with per-run keys is awkward in Parquet; JSON keeps it exact.
+    r["read_set"] = json.dumps(r["read_set"], sort_keys=True)
+    r["writes"] = json.dumps(r["writes"], sort_keys=True)
+    return r
 
 
 def _parquet(frame: pd.DataFrame) -> bytes:
@@ -160,16 +262,13 @@ def _plain(value: Any) -> Any:
 
 
 def requests_frame(requests: Sequence[RequestRecord]) -> pd.DataFrame:
+    """``requests.parquet`` as a frame: one row per request record."""
     return pd.DataFrame([r.row() for r in requests])
 
 
-def stages_frame(stages: Sequence[StageRecord]) -> pd.DataFrame:
-    rows = [s.row() for s in stages]
-    for r in rows:
-        # NOTE: a map column with per-run keys is awkward in Parquet; JSON keeps it exact.
-        r["read_set"] = json.dumps(r["read_set"], sort_keys=True)
-        r["writes"] = json.dumps(r["writes"], sort_keys=True)
-    return pd.DataFrame(rows)
+def stages_frame(stages: Iterable[StageRecord | Mapping[str, Any]]) -> pd.DataFrame:
+    """``stages.parquet`` as a frame (maps as JSON text)."""
+    return pd.DataFrame([_stage_row(s) for s in stages])
 
 
 def plot_latency_cdf(series: Mapping[str, Sequence[float]], path: Path | io.BytesIO,

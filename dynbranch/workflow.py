@@ -15,10 +15,11 @@ import json
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Literal
 
-from dynbranch.canonical import digest
+from dynbranch.canonical import Normalised, digest, normalise
 
 StageKind = Literal["llm", "tool", "human"]
 STAGE_KINDS: tuple[str, ...] = ("llm", "tool", "human")
@@ -127,10 +128,17 @@ class RenderedInput:
     fields: Mapping[str, Any]
     text: str
 
-    @property
+    @cached_property
+    def normal_fields(self) -> Normalised:
+        """The fields in canonical form, walked once (the digest and the reuse key share it)."""
+        return normalise(dict(self.fields))
+
+    @cached_property
     def input_digest(self) -> str:
         """SHA-256 of the canonical encoding of the fields (the ``H(input)`` of a reuse name)."""
-        return digest(dict(self.fields))
+        # NOTE: cached, as the fields are: a rendered input is a snapshot, read many times
+        # (decode-length seed, replay, stage row), and walking it dominated a replay.
+        return digest(self.normal_fields)
 
 
 @dataclass(frozen=True)

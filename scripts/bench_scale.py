@@ -1,6 +1,8 @@
 """How replay cost grows: wall time and peak memory against requests, engines and arrival rate.
 
     python scripts/bench_scale.py [--quick] [--out runs/bench_scale] [--ray]
+        [--requests N ...] [--engines N ...] [--rates R ...] [--sweep-requests N]
+        [--ray-requests N] [--ray-engines N ...] [--store-mb MB] [--only requests,engines,...]
 
 Each point is one replay of Routing (arm ``full`` by default, realistic decode lengths) in its
 own subprocess, so its peak resident memory is its own (``ru_maxrss`` of the child). Three
@@ -11,11 +13,17 @@ sweeps, each varying one factor from a base point (4 engines, 4 req/s):
   the base load);
 * arrival rate: 1 → 4 → 16 req/s at 4 engines.
 
+Each point reports wall time and the child's CPU time (user + system): on a machine shared
+with other work the CPU time is the steadier measure of what the replay costs, and
+``sim_s_per_cpu_s`` is the speed it would have alone on one core. Replays run as the CLI's do
+(``keep_log=False``: streamed rows leave memory), so peak memory is what a user's replay
+holds; the C1 store still grows up to ``--store-mb`` (its capacity) like any cache.
+
 On the local backend every point runs on the virtual clock. With ``--ray`` the engine sweep
 also runs on the Ray backend (real clock) with engines spread over several simulated nodes
 (``ray.cluster_utils.Cluster``), for wall time only. It writes ``points.json``, a plot
-(``scale.png``) and prints each sweep's fitted growth exponent: ``wall ∝ x^b`` by least
-squares on the logs.
+(``scale.png``) and prints each sweep's fitted growth exponents (wall, CPU and memory):
+``y ∝ x^b`` by least squares on the logs.
 """
 
 from __future__ import annotations
@@ -46,23 +54,26 @@ args = json.loads(sys.argv[1])
 cfg = ReplayConfig(workload="routing", arm=args["arm"], backend=args["backend"],
                    clock=args["clock"], requests=args["requests"], rate=args["rate"],
                    workers=args["engines"], out=Path(args["out"]), progress=False,
-                   address=args.get("address"))
-t0 = time.perf_counter()
-s = run_replay(prepare(cfg, progress=lambda _m: None)).summary
-print(json.dumps({"wall_s": time.perf_counter() - t0, "simulated_s": s["simulated_s"],
-                  "completed": s["completed"], "failed": s["failed"],
-                  "mean_latency_s": s["mean_latency_s"],
+                   address=args.get("address"), decode_lengths="modelled",
+                   store_mb=args["store_mb"])
+prepared = prepare(cfg, progress=lambda _m: None)
+t0, c0 = time.perf_counter(), time.process_time()
+s = run_replay(prepared, keep_log=False).summary
+print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                  "simulated_s": s["simulated_s"], "completed": s["completed"],
+                  "failed": s["failed"], "mean_latency_s": s["mean_latency_s"],
+                  "stages": s["stages"],
                   "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
 def run_point(arm: str, requests: int, engines: int, rate: float, *, backend: str = "local",
-              address: str | None = None) -> dict:
-    """One replay in a fresh interpreter; its wall time, simulated time and peak memory."""
+              address: str | None = None, store_mb: int = 1024) -> dict:
+    """One replay in a fresh interpreter; its wall and CPU time, simulated time, peak memory."""
     with tempfile.TemporaryDirectory() as tmp:
         args = {"arm": arm, "requests": requests, "engines": engines, "rate": rate,
                 "backend": backend, "clock": "virtual" if backend == "local" else "real",
-                "out": str(Path(tmp) / "run"), "address": address}
+                "out": str(Path(tmp) / "run"), "address": address, "store_mb": store_mb}
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)],
                               capture_output=True, text=True, check=True)
@@ -70,6 +81,7 @@ def run_point(arm: str, requests: int, engines: int, rate: float, *, backend: st
     point.update(args | {"process_s": time.perf_counter() - t0})
     point.pop("out")
     point["sim_s_per_wall_s"] = point["simulated_s"] / point["wall_s"]
+    point["sim_s_per_cpu_s"] = point["simulated_s"] / point["cpu_s"]
     return point
 
 
@@ -81,23 +93,34 @@ def fit_exponent(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(lx, ly, strict=True)) / den if den else 0.0
 
 
-def sweep(name: str, values: list, base: dict, arm: str) -> list[dict]:
+def sweep(name: str, values: list, base: dict, arm: str, store_mb: int) -> list[dict]:
+    """One point per value of ``name``, the other factors at ``base``."""
     points = []
     for v in values:
         p = dict(base)
         p[name] = v
         if name == "engines":
             p["rate"] = base["rate"] * v / base["engines"]
-        point = run_point(arm, p["requests"], p["engines"], p["rate"])
+        point = run_point(arm, p["requests"], p["engines"], p["rate"], store_mb=store_mb)
         point["sweep"] = name
         points.append(point)
-        print(f"  {name}={v}: wall {point['wall_s']:.1f} s, {point['sim_s_per_wall_s']:.0f} "
-              f"sim s / wall s, peak {point['maxrss_mb']:.0f} MB", flush=True)
+        _say(f"  {name}={v}", point)
     return points
 
 
-def ray_engine_sweep(values: list, base: dict, arm: str, nodes: int = 4) -> list[dict]:
-    """The engine sweep on Ray, engines spread over ``nodes`` simulated nodes."""
+def _say(label: str, point: dict) -> None:
+    print(f"{label}: wall {point['wall_s']:.1f} s, cpu {point['cpu_s']:.1f} s, "
+          f"{point['sim_s_per_wall_s']:.1f} sim s / wall s, "
+          f"{point['sim_s_per_cpu_s']:.1f} sim s / cpu s, peak {point['maxrss_mb']:.0f} MB",
+          flush=True)
+
+
+def ray_engine_sweep(values: list, base: dict, arm: str, store_mb: int,
+                     nodes: int = 4) -> list[dict]:
+    """The engine sweep on Ray (real clock), engines spread over ``nodes`` simulated nodes.
+
+    NOTE: ``cpu_s`` here is the driver process's only (the actors run in other processes).
+    """
     from ray.cluster_utils import Cluster
 
     points = []
@@ -109,12 +132,13 @@ def ray_engine_sweep(values: list, base: dict, arm: str, nodes: int = 4) -> list
         try:
             point = run_point(arm, base["requests"], engines,
                               base["rate"] * engines / base["engines"], backend="ray",
-                              address=cluster.address)
+                              address=cluster.address, store_mb=store_mb)
         finally:
             cluster.shutdown()
         point["sweep"] = "engines-ray"
+        point["nodes"] = nodes
         points.append(point)
-        print(f"  ray engines={engines}: wall {point['wall_s']:.1f} s", flush=True)
+        _say(f"  ray engines={engines} over {nodes} nodes", point)
     return points
 
 
@@ -131,9 +155,12 @@ def plot(points: list[dict], path: Path) -> None:
         ps = [p for p in points if p["sweep"] == s]
         key = "engines" if s.startswith("engines") else s
         xs = [p[key] for p in ps]
-        axes[0][j].loglog(xs, [p["wall_s"] for p in ps], "o-")
-        axes[0][j].set_title(f"{s}: wall ∝ x^{fit_exponent(xs, [p['wall_s'] for p in ps]):.2f}")
-        axes[0][j].set_ylabel("wall s")
+        walls, cpus = [p["wall_s"] for p in ps], [p["cpu_s"] for p in ps]
+        axes[0][j].loglog(xs, walls, "o-", label=f"wall ∝ x^{fit_exponent(xs, walls):.2f}")
+        axes[0][j].loglog(xs, cpus, "s--", label=f"cpu ∝ x^{fit_exponent(xs, cpus):.2f}")
+        axes[0][j].set_title(s)
+        axes[0][j].set_ylabel("seconds")
+        axes[0][j].legend(fontsize=8)
         axes[1][j].semilogx(xs, [p["maxrss_mb"] for p in ps], "o-")
         axes[1][j].set_ylabel("peak RSS (MB)")
         axes[1][j].set_xlabel(key)
@@ -150,30 +177,54 @@ def main() -> None:
     ap.add_argument("--arm", default="full")
     ap.add_argument("--ray", action="store_true", help="also the engine sweep on Ray")
     ap.add_argument("--out", default="runs/bench_scale")
+    ap.add_argument("--requests", type=int, nargs="+", help="the requests sweep's values")
+    ap.add_argument("--engines", type=int, nargs="+", help="the engines sweep's values")
+    ap.add_argument("--rates", type=float, nargs="+", help="the rate sweep's values")
+    ap.add_argument("--sweep-requests", type=int, help="requests at the engine and rate points")
+    ap.add_argument("--ray-requests", type=int, default=300, help="requests per Ray point")
+    ap.add_argument("--ray-engines", type=int, nargs="+", help="the Ray sweep's engines")
+    ap.add_argument("--store-mb", type=int, default=1024, help="C1 store capacity")
+    ap.add_argument("--only", default="requests,engines,rate", help="sweeps to run")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     size = "quick" if args.quick else "full"
-    base = QUICK_BASE if args.quick else BASE
+    base = dict(QUICK_BASE if args.quick else BASE)
+    if args.sweep_requests:
+        base["requests"] = args.sweep_requests
+    values = {name: v[size] for name, v in SWEEPS.items()}
+    for name, given in (("requests", args.requests), ("engines", args.engines),
+                        ("rate", args.rates)):
+        if given:
+            values[name] = given
     points = []
-    for name, values in SWEEPS.items():
+    for name in [n for n in args.only.split(",") if n]:
         print(f"sweep {name}:", flush=True)
-        points += sweep(name, values[size], base, args.arm)
+        points += sweep(name, values[name], base, args.arm, args.store_mb)
     if args.ray:
-        points += ray_engine_sweep(SWEEPS["engines"][size], base, args.arm)
-    fits = {}
-    for s in sorted({p["sweep"] for p in points}):
-        ps = [p for p in points if p["sweep"] == s]
-        key = "engines" if s.startswith("engines") else s
-        fits[s] = {"wall_exponent": fit_exponent([p[key] for p in ps], [p["wall_s"] for p in ps]),
-                   "memory_exponent": fit_exponent([p[key] for p in ps],
-                                                   [p["maxrss_mb"] for p in ps])}
-        print(f"{s}: wall ∝ x^{fits[s]['wall_exponent']:.2f}, "
-              f"memory ∝ x^{fits[s]['memory_exponent']:.2f}")
+        ray_base = {**base, "requests": args.ray_requests}
+        points += ray_engine_sweep(args.ray_engines or values["engines"], ray_base, args.arm,
+                                   args.store_mb)
+    fits = fit_all(points)
     (out / "points.json").write_text(json.dumps({"points": points, "fits": fits}, indent=2))
     plot(points, out / "scale.png")
     print(f"wrote {out}/points.json and {out}/scale.png; this process's peak "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+
+def fit_all(points: list[dict]) -> dict[str, dict[str, float]]:
+    """Each sweep's growth exponents of wall time, CPU time and peak memory (and says them)."""
+    fits = {}
+    for s in sorted({p["sweep"] for p in points}):
+        ps = [p for p in points if p["sweep"] == s]
+        if len(ps) < 2:
+            continue
+        xs = [p["engines" if s.startswith("engines") else s] for p in ps]
+        fits[s] = {f"{k}_exponent": fit_exponent(xs, [p[m] for p in ps])
+                   for k, m in (("wall", "wall_s"), ("cpu", "cpu_s"), ("memory", "maxrss_mb"))}
+        print(f"{s}: wall ∝ x^{fits[s]['wall_exponent']:.2f}, cpu ∝ x^"
+              f"{fits[s]['cpu_exponent']:.2f}, memory ∝ x^{fits[s]['memory_exponent']:.2f}")
+    return fits
 
 
 if __name__ == "__main__":

@@ -58,6 +58,31 @@ def test_same_seed_on_the_virtual_clock_gives_an_identical_stage_log(tmp_path):
     assert [s.row() for s in c.orchestrator.log.stages] != rows_a
 
 
+def test_a_run_that_forgets_streamed_rows_writes_the_same_results(tmp_path):
+    """keep_log=False (the CLI's replay) drops stage and branch records once streamed; the
+    summary (its tallies, tenant check included) and every table are those of a run that kept
+    them, row for row and in the same order."""
+    cfg = dict(arm="full", requests=16, rate=4.0)
+    kept = run_replay(prepare(_cfg(tmp_path, out=tmp_path / "kept", **cfg), lambda _m: None))
+    lean = run_replay(prepare(_cfg(tmp_path, out=tmp_path / "lean", **cfg), lambda _m: None),
+                      keep_log=False)
+    assert lean.orchestrator.log.stages == [] and lean.orchestrator.log.branches == []
+    assert len(kept.orchestrator.log.stages) == kept.summary["stages"] > 16
+    a, b = dict(kept.summary), dict(lean.summary)
+    for s in (a, b):
+        s.pop("wall_s"), s.pop("sim_s_per_wall_s"), s.pop("out")
+    assert a == b and a["promotions"] + a["reuse_hits"] > 0
+    assert sum(a["tenant_reuse"].values()) == a["promotions"] + a["reuse_hits"]
+    for name in ("stages", "branches", "requests"):
+        x = pd.read_parquet(tmp_path / "kept" / f"{name}.parquet")
+        y = pd.read_parquet(tmp_path / "lean" / f"{name}.parquet")
+        pd.testing.assert_frame_equal(x, y)
+    rows = pd.read_parquet(tmp_path / "kept" / "stages.parquet")
+    assert list(rows.reuse_name) == [s.reuse_name for s in kept.orchestrator.log.stages]
+    branches = pd.read_parquet(tmp_path / "kept" / "branches.parquet")
+    assert list(branches.opened_at) == [br.opened_at for br in kept.orchestrator.log.branches]
+
+
 @pytest.mark.parametrize("kw,error,match", [
     ({"workload": "chess"}, UnknownNameError, "known workloads: .*routing"),
     ({"arm": "magic"}, UnknownNameError, "known arms: c1, c2, dsp, floor, full, helium, instcache, oracle, parrot, spagent"),

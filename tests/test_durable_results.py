@@ -131,13 +131,13 @@ def test_the_stream_flushes_by_count_and_by_clock(tmp_path):
 
     for i in range(3):
         done(i)
-    assert stream.rows_written == {"requests": 3, "stages": 3}
+    assert stream.rows_written == {"requests": 3, "stages": 3, "branches": 0}
     done(3)
     now[0] = 10.0
     done(4)  # 10 s on the clock since the last shard: written without waiting for a third
     requests, shard_stages = read_partial(tmp_path)
     assert list(requests.request_id) == [f"r{i}" for i in range(5)]
-    assert len(shard_stages) == 5 and len(list((tmp_path / PARTS).iterdir())) == 4
+    assert len(shard_stages) == 5 and len(list((tmp_path / PARTS).iterdir())) == 6
 
 
 def test_out_takes_a_filesystem_uri(tmp_path, capsys):

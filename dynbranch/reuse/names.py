@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynbranch.canonical import canonical_bytes
+from dynbranch.canonical import Normalised, canonical_bytes
 from dynbranch.errors import UnnameableInputError
 from dynbranch.workflow import RenderedInput, SamplingParams, StageSpec
 
@@ -56,13 +56,18 @@ class ReuseKey:
     tenant: str
     extra: Mapping[str, Any] = field(default_factory=dict)
     schema: int = KEY_SCHEMA_VERSION
+    normal_fields: Normalised | None = field(default=None, repr=False)
+    """``fields`` already in canonical form (:attr:`RenderedInput.normal_fields`), if at hand."""
     _bytes: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # NOTE: encoded once, here: the bytes are the key's identity, so a caller mutating
         # ``fields`` afterwards cannot make the name and the compared bytes disagree.
         try:
-            encoded = canonical_bytes(self.canonical())
+            canonical = self.canonical()
+            if self.normal_fields is not None:
+                canonical["fields"] = self.normal_fields  # the same bytes, walked once
+            encoded = canonical_bytes(canonical)
         except TypeError as e:
             raise UnnameableInputError(f"fingerprint {self.fingerprint[:12]}", str(e)) from e
         object.__setattr__(self, "_bytes", encoded)
@@ -105,7 +110,11 @@ def key_for(stage: StageSpec, fingerprint: str, rendered: RenderedInput, *, mode
         raise ValueError(f"rendered input of {rendered.stage!r} given for stage {stage.name!r}")
     # NOTE: sampling parameters are keyed for every stage kind, not only LLM stages: one rule,
     # and a tool stage's defaults are constant, so they never split names that should match.
+    try:
+        normal = rendered.normal_fields
+    except TypeError:
+        normal = None  # the key's own encoding raises the typed error
     return ReuseKey(fingerprint=fingerprint, fields=rendered.fields, model=model,
                     revision=revision, params=stage.sampling,
                     tool_schema_version=stage.tool_schema_version, tenant=tenant,
-                    extra=dict(extra or {}))
+                    extra=dict(extra or {}), normal_fields=normal)

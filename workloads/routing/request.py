@@ -22,6 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from dynbranch.decode_lengths import RECORDED, DecodeModel, decision_of
@@ -79,6 +80,18 @@ def _name_words(name: str) -> set[str]:
     return {w[:4] for w in re.findall(r"[a-z0-9]+", spaced.lower()) if len(w) >= 3}
 
 
+@lru_cache(maxsize=8192)
+def _description_words(description: str) -> frozenset[str]:
+    """Content words (first four letters) of a function description.
+
+    NOTE: shared by every request (a pure function of the text, bounded by the data set's
+    descriptions): a per-request cache kept every finished request's sets alive.
+    """
+    text = description.lower()
+    return frozenset(w[:4] for w in re.findall(r"[a-z0-9]+", text)
+                     if len(w) >= 4 and w not in _DOC_STOPWORDS)
+
+
 class RoutingRequest(RequestInstance):
     """A request built from one BFCL record, with its own API instances."""
 
@@ -107,7 +120,6 @@ class RoutingRequest(RequestInstance):
             self.scope = {"record": record.id}  # validation is pure: shareable across requests
         self._names = [[_name(c) for c in turn] for turn in record.recorded]
         self._open: dict[BranchCoordinate, tuple[str, list]] = {}
-        self._doc_cache: dict[str, set[str]] = {}
         self._truth: tuple[list[list[Any]], list[dict]] | None = None
 
     # -- control flow -------------------------------------------------------------------------
@@ -199,16 +211,10 @@ class RoutingRequest(RequestInstance):
             features[c] = listed
         return {"turn": turn, FEATURES_KEY: features}
 
-    def _doc_words(self, name: str) -> set[str]:
-        """Content words (first four letters) of a function's description, cached."""
-        words = self._doc_cache.get(name)
-        if words is None:
-            doc = self.record.doc(name) or {}
-            text = str(doc.get("description", "")).lower()
-            words = {w[:4] for w in re.findall(r"[a-z0-9]+", text)
-                     if len(w) >= 4 and w not in _DOC_STOPWORDS}
-            self._doc_cache[name] = words
-        return words
+    def _doc_words(self, name: str) -> frozenset[str]:
+        """Content words (first four letters) of a function's description."""
+        doc = self.record.doc(name) or {}
+        return _description_words(str(doc.get("description", "")))
 
     def _parse_route(self, text: str, outcome: RoutingOutcome) -> list[str]:
         """The offered function names in the router's output; the rest is ignored (and kept).

@@ -1,0 +1,110 @@
+"""The canonical encoding's fast paths and shared walk give the bytes of the plain rules."""
+
+import math
+from collections import OrderedDict
+from collections.abc import Mapping
+from enum import IntEnum
+from types import MappingProxyType
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dynbranch.canonical import SCHEMA_VERSION, canonical_bytes, digest, normalise
+from dynbranch.errors import UnnameableInputError
+from dynbranch.reuse import ReuseKey, key_for
+from dynbranch.workflow import SamplingParams, StageSpec, Template
+
+
+def _reference(value):
+    """The encoding rules written plainly (no fast paths, no caches)."""
+
+    def normal(v):
+        if v is None or isinstance(v, (bool, int, str, bytes)):
+            return v
+        if isinstance(v, float):
+            if math.isnan(v):
+                raise TypeError("NaN")
+            return v
+        if isinstance(v, (list, tuple)):
+            return [normal(x) for x in v]
+        if isinstance(v, Mapping):
+            items = [(normal(k), normal(x)) for k, x in v.items()]
+            items.sort(key=lambda kv: msgpack.packb(kv[0], use_bin_type=True))
+            return {"__map__": [[k, x] for k, x in items]}
+        return normal(v.canonical())
+
+    return msgpack.packb([SCHEMA_VERSION, normal(value)], use_bin_type=True)
+
+
+class Level(IntEnum):
+    LOW = 1
+
+
+class Label(str):
+    pass
+
+
+leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=40),
+    st.binary(max_size=4),
+    st.just(Level.LOW),
+    st.just(Label("x")),
+)
+key = st.one_of(
+    st.text(max_size=40), st.integers(-5, 5), st.binary(max_size=3), st.tuples(st.integers(0, 2))
+)
+tree = st.recursive(
+    leaf,
+    lambda c: (
+        st.lists(c, max_size=3)
+        | st.tuples(c, c)
+        | st.dictionaries(key, c, max_size=4)
+        | st.dictionaries(key, c, max_size=3).map(MappingProxyType)
+        | st.dictionaries(key, c, max_size=3).map(OrderedDict)
+    ),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(tree)
+def test_the_bytes_are_those_of_the_plain_rules(value):
+    assert canonical_bytes(value) == _reference(value)
+    assert canonical_bytes({"nested": normalise(value)}) == _reference({"nested": value})
+
+
+def _stage():
+    sampling = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=8, seed=1)
+    t = Template(
+        "w",
+        "1",
+        [
+            StageSpec(
+                "s", "llm", ("q", "docs"), prompt="{q}{docs}", model="target", sampling=sampling
+            )
+        ],
+    )
+    return t, t.stage("s")
+
+
+def test_a_rendered_input_is_walked_once_and_names_as_before():
+    t, stage = _stage()
+    rendered = stage.render({"q": "hi", "docs": [{"b": 1, "a": [1.5, None]}]})
+    assert rendered.input_digest == digest(dict(rendered.fields))
+    assert rendered.normal_fields is rendered.normal_fields  # cached
+    key = key_for(stage, t.fingerprint("s"), rendered, model="m", revision="r", tenant="t")
+    plain = ReuseKey(t.fingerprint("s"), dict(rendered.fields), "m", "r", stage.sampling, None, "t")
+    assert key.normal_fields is rendered.normal_fields and key.key_bytes() == plain.key_bytes()
+
+
+def test_an_unnameable_rendered_input_is_still_a_typed_error():
+    t, stage = _stage()
+    rendered = stage.render({"q": "hi", "docs": [math.nan]})
+    with pytest.raises(UnnameableInputError):
+        key_for(stage, t.fingerprint("s"), rendered, model="m", revision="r", tenant="t")
