@@ -32,6 +32,17 @@ ROW_FIELDS = ("workload", "arm", "variant", "rate", "requests", "seed", "mean_la
               "reuse_hits", "promotions", "spec_engine_s", "completed", "failed", "wall_s")
 
 
+WORKLOADS = ("routing", "react", "subagent", "hci")
+"""The four workloads, in the paper's order."""
+WORKLOAD_NAMES = {"routing": "Routing", "react": "ReAct", "subagent": "Sub-Agent", "hci": "HCI"}
+"""How the reports name them."""
+
+
+def sweep_settings(quick: bool) -> tuple[tuple[int, ...], int]:
+    """(seeds, requests per cell) of the sweeps (width, replicas, scaling, backbones): one
+    seed of 40 requests quick, else three seeds of 200."""
+    return ((0,), 40) if quick else ((0, 1, 2), 200)
+
 @dataclass(frozen=True)
 class Cell:
     """One replay of an experiment: a workload × arm × variant × rate × seed."""

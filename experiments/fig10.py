@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.common import Cell, Experiment, run_cells
+from experiments.common import Cell, Experiment, run_cells, sweep_settings
 from experiments.facts import with_facts
 from experiments.plots import line_with_sd, pyplot, save
 from experiments.report import Line, facts_why, first, gap_ratio, mean_rows, page, rows_table
@@ -65,7 +65,7 @@ COLUMNS = (
 
 def settings(quick: bool) -> tuple[tuple[int, ...], int]:
     """(seeds, requests per cell); the paper states neither, three seeds as in Fig. 11."""
-    return ((0,), 40) if quick else ((0, 1, 2), 200)
+    return sweep_settings(quick)
 
 
 def cells(quick: bool, rate: float) -> list[Cell]:

@@ -26,7 +26,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from experiments.common import Cell, Experiment, run_cells
+from experiments.common import Cell, Experiment, run_cells, sweep_settings
 from experiments.drafter_sweep import swept_arm
 from experiments.facts import with_facts
 from experiments.plots import bars_vs_paper, pyplot, save
@@ -91,7 +91,7 @@ COLUMNS = (
 
 def settings(quick: bool) -> tuple[tuple[int, ...], int]:
     """(seeds, requests per cell): the paper's three seeds."""
-    return ((0,), 40) if quick else ((0, 1, 2), 200)
+    return sweep_settings(quick)
 
 
 def cells(quick: bool, rate: float) -> list[Cell]:

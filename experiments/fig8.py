@@ -31,14 +31,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.common import Cell, Experiment, run_cells
+from experiments.common import WORKLOADS, Cell, Experiment, run_cells
 from experiments.facts import with_facts
 from experiments.fig8_report import plot, report, summarize
 from experiments.pairing import add_relative, pair_key, with_oracle
 from experiments.rates import canonical_llm_s, rate_for
 
 NAME = "fig8"
-WORKLOADS = ("routing", "react", "subagent", "hci")
 DYNBRANCH = ("floor", "c1", "c2", "full")
 BASELINES = ("instcache", "helium", "parrot", "dsp", "spagent")
 ARMS = DYNBRANCH + BASELINES

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.common import WORKLOAD_NAMES, WORKLOADS
 from experiments.plots import pyplot, save
 from experiments.report import (
     Line,
@@ -27,8 +28,6 @@ from experiments.report import (
 )
 from experiments.stats import Spread, pct, pct_spread
 
-WORKLOADS = ("routing", "react", "subagent", "hci")
-NAMES = {"routing": "Routing", "react": "ReAct", "subagent": "Sub-Agent", "hci": "HCI"}
 SD_OF = (
     "reduction_vs_floor",
     "p99_reduction_vs_floor",
@@ -80,7 +79,7 @@ def _p99_lines(table: list[dict[str, Any]], paper: Mapping[str, Any]) -> list[Li
             ours = change(full, "p99_reduction_vs_floor")
             out.append(
                 Line(
-                    f"32B/H200 {load}, {NAMES[wl]}: p99, full vs floor",
+                    f"32B/H200 {load}, {WORKLOAD_NAMES[wl]}: p99, full vs floor",
                     pct_spread(ours),
                     "= floor" if wl == "hci" else paper_pct(target),
                     f"{gap_pct(ours, target)}; {facts_why(floor, full)}",
@@ -101,7 +100,7 @@ def _c2_lines(table: list[dict[str, Any]], paper: Mapping[str, Any]) -> list[Lin
                 why += f"; c1 served {c1['reuse_hits']:.0f} stages from C1"
             out.append(
                 Line(
-                    f"32B/H200 {load}, {NAMES[wl]}: C2 over C1-only (full vs c1)",
+                    f"32B/H200 {load}, {WORKLOAD_NAMES[wl]}: C2 over C1-only (full vs c1)",
                     pct_spread(ours),
                     pct(target),
                     f"{gap_pct(ours, target)}; {why}",
@@ -127,7 +126,7 @@ def _commodity_lines(table: list[dict[str, Any]], paper: Mapping[str, Any]) -> l
         for wl in WORKLOADS:
             full = first(table, deployment="8b-4090", load=load, workload=wl, arm="full")
             floor = first(table, deployment="8b-4090", load=load, workload=wl, arm="floor")
-            cell = f"8B/4090 + WAN {load}, {NAMES[wl]}"
+            cell = f"8B/4090 + WAN {load}, {WORKLOAD_NAMES[wl]}"
             ours = change(full, "reduction_vs_floor")
             out.append(
                 Line(
@@ -190,7 +189,7 @@ def report(
 ) -> str:
     """Fig. 8's ``report.md``."""
     rate_lines = "\n".join(
-        f"- {d} {NAMES[w]}: T_llm {llm_s[(d, w)]:.2f} s/request → low "
+        f"- {d} {WORKLOAD_NAMES[w]}: T_llm {llm_s[(d, w)]:.2f} s/request → low "
         f"{rates[(d, w, 'low')]:g} req/s, at load {rates[(d, w, 'at-load')]:g} req/s"
         for (d, w) in llm_s
     )
@@ -260,7 +259,7 @@ def plot(table: list[dict[str, Any]], path: Path, key: str, what: str) -> None:
         if what == "mean" and dep == "8b-4090":
             ax.axhspan(-54.6, -29.6, color="grey", alpha=0.15, label="paper full vs floor")
         ax.axhline(0, color="black", lw=0.5)
-        ax.set_xticks(x, [NAMES[w] for w in WORKLOADS])
+        ax.set_xticks(x, [WORKLOAD_NAMES[w] for w in WORKLOADS])
         ax.set_ylabel(f"{what} latency change vs floor (%)")
         ax.set_title(f"{tag} {dep}, {load}", fontsize=9)
     for ax in axes.flat:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.common import Cell, Experiment, run_cells
+from experiments.common import Cell, Experiment, run_cells, sweep_settings
 from experiments.facts import with_facts
 from experiments.plots import line_with_sd, pyplot, save
 from experiments.rates import canonical_llm_s, rate_for
@@ -55,7 +55,7 @@ COLUMNS = (
 
 def settings(quick: bool) -> tuple[tuple[int, ...], int]:
     """(seeds, requests per cell); the paper does not state them, three seeds as elsewhere."""
-    return ((0,), 40) if quick else ((0, 1, 2), 200)
+    return sweep_settings(quick)
 
 
 def cells(quick: bool, rate: float) -> list[Cell]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.common import Cell, Experiment, run_cells
+from experiments.common import Cell, Experiment, run_cells, sweep_settings
 from experiments.facts import with_facts
 from experiments.pairing import add_relative
 from experiments.plots import line_with_sd, pyplot, save
@@ -54,7 +54,7 @@ COLUMNS = (
 
 def settings(quick: bool) -> tuple[tuple[int, ...], int]:
     """(seeds, requests per cell)."""
-    return ((0,), 40) if quick else ((0, 1, 2), 200)
+    return sweep_settings(quick)
 
 
 def cells(quick: bool, llm_s: float) -> list[Cell]:

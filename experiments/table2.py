@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from experiments.common import Cell, Experiment, run_cells
+from experiments.common import WORKLOAD_NAMES, WORKLOADS, Cell, Experiment, run_cells
 from experiments.facts import with_facts
 from experiments.pairing import with_oracle
 from experiments.plots import pyplot, save
@@ -34,8 +34,6 @@ from experiments.report import (
 )
 from experiments.stats import pct, pct_spread
 
-WORKLOADS = ("routing", "react", "subagent", "hci")
-NAMES = {"routing": "Routing", "react": "ReAct", "subagent": "Sub-Agent", "hci": "HCI"}
 ARMS = ("floor", "c2", "dsp", "spagent")
 PAPER = {"c2_reduction_range": [0.085, 0.477], "routing_c2_over_c1": 0.086}
 COLUMNS = (
@@ -94,7 +92,7 @@ def lines(table: list[dict[str, Any]]) -> list[Line]:
         ours = as_change(spread_of(t, "reduction_vs_floor"))
         out.append(
             Line(
-                f"{NAMES[wl]} {dep}: c2 mean latency vs floor",
+                f"{WORKLOAD_NAMES[wl]} {dep}: c2 mean latency vs floor",
                 pct_spread(ours),
                 paper_pct(band),
                 f"{gap_pct(ours, band)}; {facts_why(floor, t)}",
@@ -109,7 +107,7 @@ def lines(table: list[dict[str, Any]]) -> list[Line]:
         ]
         out.append(
             Line(
-                f"{NAMES[wl]} {dep}: c2 beats DSP and SPAgent",
+                f"{WORKLOAD_NAMES[wl]} {dep}: c2 beats DSP and SPAgent",
                 "yes" if len(beaten) == 2 else f"no ({', '.join(lost)})",
                 "yes",
                 "as the paper"
@@ -155,7 +153,7 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
             )
         ax.axhspan(8.5, 47.7, color="grey", alpha=0.15, label="paper C2 range")
         ax.axhline(0, color="k", lw=0.5)
-        ax.set_xticks(x, [NAMES[w] for w in WORKLOADS])
+        ax.set_xticks(x, [WORKLOAD_NAMES[w] for w in WORKLOADS])
         ax.set_ylabel("mean-latency reduction vs floor (%)")
         ax.set_title(f"early fill alone, {dep}", fontsize=9)
         ax.legend(fontsize=7)
