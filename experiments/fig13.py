@@ -41,6 +41,8 @@ GATES_A = (
 """p* = 0.2 for panel (a): a fixed threshold must admit for the comparison to mean anything
 (with uniform priors p~ starts at 0.5 · 0.5, so p* >= 0.5 never admits and never learns)."""
 THRESHOLDS_B = (0.999, 0.9, 0.7, 0.5, 0.3, 0.1)
+RATE_A = 0.8  # Routing, req/s
+RATE_B = 0.12  # ReAct, req/s
 PAIR = ("workload", "rate", "seed", "requests")
 PAPER = {
     "a_fill_ratio_fixed_over_priced": 8.3,
@@ -86,7 +88,7 @@ def cells(quick: bool, predictor_b: str) -> list[Cell]:
                 "routing",
                 "full",
                 "a:" + _variant(g, p),
-                rate=0.8,
+                rate=RATE_A,
                 requests=n_a,
                 seed=seed,
                 replay={"gate": g, "p_star": p},
@@ -98,7 +100,7 @@ def cells(quick: bool, predictor_b: str) -> list[Cell]:
                 "react",
                 "c2",
                 f"b:fixed-threshold(p*={p:g})",
-                rate=0.12,
+                rate=RATE_B,
                 requests=n_b,
                 seed=seed,
                 replay={
@@ -115,7 +117,7 @@ def cells(quick: bool, predictor_b: str) -> list[Cell]:
                 "react",
                 "c2",
                 "b:priced",
-                rate=0.12,
+                rate=RATE_B,
                 requests=n_b,
                 seed=seed,
                 replay={"gate": "priced", "predictor": predictor_b, "tool_time": "modelled"},
@@ -255,7 +257,7 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
     a2.set_ylabel("mean latency (s)")
     a.set_xticks(x, [t["variant"] for t in pa], rotation=15, fontsize=7)
     a.legend(fontsize=7, loc="upper left")
-    a.set_title("(a) Routing λ=0.8: each level's cost", fontsize=9)
+    a.set_title(f"(a) Routing λ={RATE_A:g}: each level's cost", fontsize=9)
     pb = [t for t in table if t["panel"] == "b"]
     b.scatter(
         [t["fills_per_request"] for t in pb], [100 * t.get("reduction_vs_p0999", 0.0) for t in pb]
@@ -284,8 +286,8 @@ def run(quick: bool, out: Path) -> Experiment:
     table = summarize(rows)
     test = _latency_test(out, all_cells, "a:priced", "a:fixed-threshold(p*=0.2)")
     setup = (
-        f"(a) Routing at 0.8 req/s, arm `full`, four gate settings (p* = 0.2); (b) ReAct "
-        f"at 0.12 req/s, arm `c2` with the `{predictor_b}` predictor, Action 0 off and "
+        f"(a) Routing at {RATE_A:g} req/s, arm `full`, four gate settings (p* = 0.2); (b) ReAct "
+        f"at {RATE_B:g} req/s, arm `c2` with the `{predictor_b}` predictor, Action 0 off and "
         "fixed thresholds against both levels priced. Each panel's batch shares one "
         "floor and one oracle; batches alternate their order across seeds."
     )

@@ -29,6 +29,7 @@ RATES_QUICK = (0.5, 4.0, 16.0)
 RATES_FULL = (0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0)
 """Light load to past saturation: the floor's mean latency grows ~4× by 16 req/s."""
 QUICK_REQUESTS = 480
+FULL_REQUESTS = 1200
 PAPER = {"c1_share_of_floor": [0.40, 0.48], "c2_further_s": [0.25, 1.39]}
 COLUMNS = (
     "rate",
@@ -59,7 +60,7 @@ def cells(quick: bool) -> list[Cell]:
     # (three rates, 480 requests: 43 repeats, so C1's share is small) keeps under ten
     # minutes on two shared cores: 600 requests at six rates took 14 min with the oracle in
     # every pair, 520 at four rates 11 min.
-    n = QUICK_REQUESTS if quick else 1200
+    n = QUICK_REQUESTS if quick else FULL_REQUESTS
     return with_oracle(
         [
             Cell("routing", arm, "default", rate=r, requests=n, seed=s)
@@ -203,7 +204,7 @@ def run(quick: bool, out: Path) -> Experiment:
     table = decompose(rows)
     setup = (
         "Routing, floor, `c1` and `full` (and the oracle bound) on one open-loop "
-        f"schedule per rate, {'600' if quick else '1,200'} requests per cell (streams "
+        f"schedule per rate, {QUICK_REQUESTS if quick else FULL_REQUESTS:,} requests per cell (streams "
         "longer than the 437 test records repeat them, re-shuffled: the recurrence C1 "
         "reuses)."
     )
