@@ -9,6 +9,7 @@ so, only when PyPI cannot be reached.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import os
@@ -49,6 +50,7 @@ from workloads.routing import (
 from workloads.routing.apis import ApiState, state_snapshot
 from workloads.routing.bfcl_wheel import BFCL, BFCL_SHA256, bfcl_dir, bfcl_root, fetch_bfcl
 from workloads.routing.calls import CallSyntaxError, ParsedCall, parse_call
+from workloads.routing.conflicts import EXCLUDED, find_conflicts
 from workloads.routing.effects import MUTATING, READ_ONLY
 from workloads.routing.schema import (
     SchemaViolation,
@@ -399,7 +401,10 @@ def test_requests_have_their_own_api_state():
 
 def test_template_declares_the_routing_stages():
     router, handler, executor = (TEMPLATE.stage(s) for s in ("router", "handler", "executor"))
-    assert (TEMPLATE.name, TEMPLATE.version) == ("routing", "1")
+    assert (TEMPLATE.name, TEMPLATE.version) == ("routing", "2")
+    assert router.inputs == ("workspace", "functions", "conversation")
+    assert handler.inputs == ("workspace", "history", "offered", "function", "turn", "calls",
+                              "occurrence")
     assert router.kind == handler.kind == "llm" and router.model == "target"
     assert router.speculable and handler.speculable and executor.speculable
     assert router.sampling.greedy and handler.sampling.greedy
@@ -503,17 +508,17 @@ def test_replay_of_off_trace_inputs():
     router = TEMPLATE.stage("router")
     convo = [{"role": "user", "content": turn}, {"role": "assistant", "content": "ls()"}]
     assert (
-        request.replay_text(router.render({"functions": request.functions, "conversation": convo}))
+        request.replay_text(router.render(request.router_values(request.functions, convo)))
         is None
     )
     convo[1]["content"] = "cd(folder='notes')"
     assert (
-        request.replay_text(router.render({"functions": request.functions, "conversation": convo}))
+        request.replay_text(router.render(request.router_values(request.functions, convo)))
         == "touch"
     )
     assert (
         request.replay_text(
-            router.render({"functions": request.functions, "conversation": convo[:1]})
+            router.render(request.router_values(request.functions, convo[:1]))
         )
         == "cd"
     )
@@ -523,6 +528,40 @@ def test_replay_of_off_trace_inputs():
         )
         is None
     )
+
+
+def test_workspace_history_and_offered_functions_separate_records_that_read_alike():
+    request = by_record(fixture_requests("train"), "multi_turn_base_0")
+    ctx, _ = run(request)
+    record = request.record
+    decided = [r for r in ctx.rendered if r.stage in ("router", "handler")]
+    later = [r for r in decided if r.stage == "handler" and r.fields["history"]]
+    assert decided and later
+    # the same turns acting on another workspace (as long_context does): no input is shared
+    elsewhere = dataclasses.replace(record, long_context=True)
+    twin = RoutingRequest("routing-99998-elsewhere", elsewhere, request._suite)
+    assert elsewhere.scenario != record.scenario
+    assert all(twin.replay_text(r) is None for r in decided)
+    # the same later turns after another first turn: the handlers' history tells them apart
+    reworded = dataclasses.replace(record, turns=("Something else first.", *record.turns[1:]))
+    twin = RoutingRequest("routing-99997-reworded", reworded, request._suite)
+    assert all(twin.replay_text(r) is None for r in later)
+    # a function held back at turn 1 (as miss_func does): turn 1's handlers are not shared
+    held = dataclasses.replace(record, held_out={2: ("cat",)})
+    twin = RoutingRequest("routing-99996-held", held, request._suite)
+    at_turn_1 = [r for r in later if len([m for m in r.fields["history"] if m["role"] == "user"]) == 1]
+    assert at_turn_1 and all(twin.replay_text(r) is None for r in at_turn_1)
+
+
+def test_fixture_records_answer_no_input_two_ways():
+    requests = fixture_requests("train") + fixture_requests("test")
+    records = [r.record for r in requests]
+    assert find_conflicts(records, requests[0]._suite) == {}
+    # the check itself: two records answering one input differently are found
+    base = by_record(requests, "multi_turn_base_0").record
+    copy = dataclasses.replace(base, id="multi_turn_copy_0", recorded=((), *base.recorded[1:]))
+    found = find_conflicts([base, copy], requests[0]._suite)
+    assert list(found) == ["multi_turn_copy_0"] and "router input" in found["multi_turn_copy_0"]
 
 
 def test_fill_values_match_the_canonical_handler_input():
@@ -839,6 +878,15 @@ def test_real_data_loads_and_splits(real):
 
 
 @pytest.mark.network
+def test_only_the_excluded_records_answer_an_input_two_ways(real):
+    assert set(find_conflicts(real.all(), real.suite)) == EXCLUDED
+    workload = RoutingWorkload(root=real.root)
+    data = DataConfig(None, Path("/nonexistent-cache"))
+    pool = {r.id for split in ("train", "test") for r in workload.records(data, split)}
+    assert not pool & EXCLUDED and len(pool) == sum(len(rs) for rs in real.records.values()) - 6
+
+
+@pytest.mark.network
 def test_every_method_of_the_eight_classes_is_declared_once(real):
     assert set(real.suite.classes) == set(READ_ONLY) == set(MUTATING)
     for name, cls in real.suite.classes.items():
@@ -888,7 +936,7 @@ def test_real_floor_scores_one_on_every_record(real):
             expected = 0.0 if request.record.id in UNSATISFIABLE else 1.0
             assert request.score(outcome) == expected, request.request_id
             scored[request.record.category] += 1
-    assert scored == {c: len(rs) for c, rs in real.records.items()}
+    assert scored == {c: sum(r.id not in EXCLUDED for r in rs) for c, rs in real.records.items()}
 
 
 @pytest.mark.network

@@ -263,12 +263,8 @@ def test_the_tiny_models_context_holds_every_routing_prompt(tiny_dir: Path):
     lengths = [
         len(
             tokenizer(
-                ROUTER.render(
-                    {
-                        "functions": r.functions,
-                        "conversation": [{"role": "user", "content": r.record.turns[0]}],
-                    }
-                ).text
+                ROUTER.render(r.router_values(
+                    r.functions, [{"role": "user", "content": r.record.turns[0]}])).text
             )["input_ids"]
         )
         for r in records.values()

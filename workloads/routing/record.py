@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+from dynbranch.canonical import digest
 from workloads.routing.categories import MULTI_TURN, is_irrelevance
 
 
@@ -39,6 +41,22 @@ class Record:
     @property
     def irrelevance(self) -> bool:
         return is_irrelevance(self.category)
+
+    @cached_property
+    def scenario(self) -> str:
+        """The workspace a multi-turn record acts on: its API classes and initial state
+        (``""`` for single-turn records, which act on nothing).
+
+        Records of one BFCL task in different categories often share their user turns while
+        acting on different workspaces (``long_context`` adds files and rows), and their
+        recorded calls differ with the workspace: the router and handler read this name, as
+        an agent's system prompt names the session it acts in, so one rendered input never
+        stands for two recorded answers.
+        """
+        if not self.multi_turn:
+            return ""
+        return digest({"classes": list(self.classes), "initial_config": dict(self.initial_config),
+                       "long_context": self.long_context})[:16]
 
     @property
     def function_names(self) -> tuple[str, ...]:

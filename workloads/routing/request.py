@@ -6,7 +6,8 @@ router decides again on the grown conversation until it answers :data:`END_OF_TU
 
 Replay (:meth:`RoutingRequest.replay_text`) is a pure function of the rendered input: the
 router's position comes from the conversation in its input (which user turn, which calls
-that turn already holds), the handler's from its turn text and calls so far. It answers
+that turn already holds), the handler's from the user turns of its history, its turn text
+and calls so far. It answers
 the trace's decision where the input lies on the recorded path, a deterministic plausible
 call for a handler of a function the trace did not call there, and ``None`` elsewhere;
 the request's decode model (:mod:`workloads.routing.decode`) wraps a decision in the
@@ -119,7 +120,8 @@ class RoutingRequest(RequestInstance):
             self._tool = SchemaTool(record, tool_time)
             self.scope = {"record": record.id}  # validation is pure: shareable across requests
         self._names = [[_name(c) for c in turn] for turn in record.recorded]
-        self._open: dict[BranchCoordinate, tuple[str, list]] = {}
+        # open router branch -> (turn, calls so far, history, functions offered)
+        self._open: dict[BranchCoordinate, tuple[str, list, list, tuple[str, ...]]] = {}
         self._truth: tuple[list[list[Any]], list[dict]] | None = None
 
     # -- control flow -------------------------------------------------------------------------
@@ -128,20 +130,23 @@ class RoutingRequest(RequestInstance):
         outcome = RoutingOutcome(self.record.id, self.record.category)
         conversation: list[dict[str, Any]] = []
         for t, turn in enumerate(self.record.turns):
+            history = list(conversation)  # the conversation before this user turn
             conversation.append({"role": "user", "content": turn})
             functions = [dict(f) for f in self.record.offered(t)]
             request = self.record.request_text(t)
+            offered = tuple(f["name"] for f in functions)
             executed: list[ExecutedCall] = []
             for _ in range(MAX_DECISIONS_PER_TURN):
                 chosen = await self._route(ctx, outcome, functions, conversation, request,
-                                           executed)
+                                           executed, history)
                 if not chosen:
                     break
                 so_far = [{"call": c.call, "result": c.value} for c in executed]
                 seen: Counter[str] = Counter()
                 jobs = []
                 for name in chosen:
-                    jobs.append(self._handle(ctx, name, seen[name], request, so_far))
+                    jobs.append(self._handle(ctx, name, seen[name], request, so_far, history,
+                                             offered))
                     seen[name] += 1
                 for done in await asyncio.gather(*jobs):
                     conversation.append({"role": "assistant", "content": done.call})
@@ -160,15 +165,17 @@ class RoutingRequest(RequestInstance):
         conversation: list,
         turn: str,
         executed: list[ExecutedCall],
+        history: list,
     ) -> list[str]:
         coordinate = BranchCoordinate(WORKFLOW, "router", outcome.router_decisions)
         outcome.router_decisions += 1
-        self._open[coordinate] = (turn, [{"call": c.call, "result": c.value} for c in executed])
+        offered = tuple(f["name"] for f in functions)
+        self._open[coordinate] = (
+            turn, [{"call": c.call, "result": c.value} for c in executed], history, offered)
         point = BranchPoint(coordinate, self.candidates, multi_valued=self.record.parallel,
                             evidence=self._evidence(turn, executed))
-        values = {"functions": functions, "conversation": list(conversation)}
         async with ctx.branch(point) as branch:
-            text = decision_of(await ctx.llm("router", values))
+            text = decision_of(await ctx.llm("router", self.router_values(functions, conversation)))
             chosen = self._parse_route(text, outcome)
             branch.resolve(*(dict.fromkeys(chosen) or (END_OF_TURN,)))
         self._open.pop(coordinate, None)
@@ -217,7 +224,11 @@ class RoutingRequest(RequestInstance):
         return _description_words(str(doc.get("description", "")))
 
     def _parse_route(self, text: str, outcome: RoutingOutcome) -> list[str]:
-        """The offered function names in the router's output; the rest is ignored (and kept).
+        """The record's function names in the router's output; the rest is ignored (and kept).
+
+        NOTE: any function of the record, as BFCL's executor runs any method of the
+        record's classes: some ``miss_func`` ground truths call a function before the turn
+        that offers it (``multi_turn_miss_func_49`` calls ``tail`` at turn 1 of 3).
 
         Only parallel records take several names at once: elsewhere the branch is
         single-valued and the first offered name wins.
@@ -230,10 +241,11 @@ class RoutingRequest(RequestInstance):
         return known
 
     async def _handle(
-        self, ctx: StageContext, name: str, occurrence: int, turn: str, so_far: list
+        self, ctx: StageContext, name: str, occurrence: int, turn: str, so_far: list,
+        history: list, offered: Sequence[str],
     ) -> ExecutedCall:
-        call = decision_of(
-            await ctx.llm("handler", self.handler_values(name, occurrence, turn, so_far))).strip()
+        values = self.handler_values(name, occurrence, turn, so_far, history, offered)
+        call = decision_of(await ctx.llm("handler", values)).strip()
         try:
             value = await ctx.tool("executor", self.executor_values(call))
         except ToolCallError as e:
@@ -243,11 +255,33 @@ class RoutingRequest(RequestInstance):
             value = f"Error during execution: {e.__cause__ or e}"
         return ExecutedCall(call, value)
 
+    def router_values(self, functions: Sequence[Mapping[str, Any]],
+                      conversation: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The router's input values: the record's workspace, the functions offered and
+        the whole conversation so far."""
+        return {"workspace": self.record.scenario, "functions": [dict(f) for f in functions],
+                "conversation": list(conversation)}
+
     def handler_values(
-        self, name: str, occurrence: int, turn: str, so_far: Sequence[Mapping[str, Any]]
+        self, name: str, occurrence: int, turn: str, so_far: Sequence[Mapping[str, Any]],
+        history: Sequence[Mapping[str, Any]] = (), offered: Sequence[str] | None = None,
     ) -> dict[str, Any]:
-        """The handler's input values for a call of ``name`` at this point of a turn."""
+        """The handler's input values for a call of ``name`` at this point of a turn.
+
+        ``history`` is the conversation before this user turn (earlier turns, their calls
+        and results): a handler's call often depends on them ("the file I just created"),
+        and two records whose current turns read alike but whose earlier turns differ
+        must not render one input. ``offered``: the names of the functions offered at this
+        turn (default: all the record's), which the handler sees beside its own function's
+        doc — BFCL's ``miss_func`` records hold a function back for a turn, and a handler
+        that could not see that would render the base record's input for another task.
+        """
+        if offered is None:
+            offered = self.record.function_names
         return {
+            "workspace": self.record.scenario,
+            "history": list(history),
+            "offered": list(offered),
             "function": dict(self.record.doc(name)),
             "turn": turn,
             "calls": list(so_far),
@@ -275,7 +309,8 @@ class RoutingRequest(RequestInstance):
         opened = self._open.get(coordinate)
         if opened is None or candidate not in self.record.function_names:
             return None
-        return self.handler_values(candidate, 0, *opened)
+        turn, so_far, history, offered = opened
+        return self.handler_values(candidate, 0, turn, so_far, history, offered)
 
     def request_input(self) -> dict[str, Any]:
         r = self.record
@@ -316,6 +351,8 @@ class RoutingRequest(RequestInstance):
         return None
 
     def _replay_router(self, fields: Mapping[str, Any]) -> str | None:
+        if fields["workspace"] != self.record.scenario:
+            return None
         conversation = list(fields["conversation"])
         users = [i for i, m in enumerate(conversation) if m["role"] == "user"]
         t = len(users) - 1
@@ -338,10 +375,15 @@ class RoutingRequest(RequestInstance):
     def _replay_handler(self, fields: Mapping[str, Any], digest: str) -> str | None:
         doc = dict(fields["function"])
         name, turn, occurrence = doc["name"], fields["turn"], fields["occurrence"]
-        requests = [self.record.request_text(t) for t in range(len(self.record.turns))]
-        if self.record.doc(name) != doc or turn not in requests:
+        if fields["workspace"] != self.record.scenario or self.record.doc(name) != doc:
             return None
-        t = requests.index(turn)
+        # the turn is the one after the history's user turns, which must be the record's
+        earlier = [m["content"] for m in fields["history"] if m["role"] == "user"]
+        t = len(earlier)
+        if (t >= len(self.record.turns) or earlier != list(self.record.turns[:t])
+                or turn != self.record.request_text(t)
+                or list(fields["offered"]) != [f["name"] for f in self.record.offered(t)]):
+            return None
         made = [c["call"] for c in fields["calls"]]
         expected, names = list(self.record.recorded[t]), self._names[t]
         if self.record.parallel:

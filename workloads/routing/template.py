@@ -1,11 +1,12 @@
 """The ``routing`` workflow template: router → (handler → executor) per call, per user turn.
 
-* ``router`` (LLM, speculable, greedy): the functions offered at this turn and the
+* ``router`` (LLM, speculable, greedy): the workspace the request acts on (its scenario's
+  name; empty for single-turn records), the functions offered at this turn and the
   conversation so far → its reasoning, then the function(s) to call next, comma-separated when they run in parallel, or
   :data:`END_OF_TURN` when the latest user turn is complete. Each decision is a branch at
   ``BranchCoordinate("routing", "router", step)``.
-* ``handler`` (LLM, speculable, greedy): the chosen function's doc, the user turn, the calls
-  and results so far in this turn, and how many calls of the same function precede this one
+* ``handler`` (LLM, speculable, greedy): the workspace, the conversation before this user
+  turn, the names of the functions offered at this turn, the chosen function's doc, the user turn, the calls and results so far in this turn, and how many calls of the same function precede this one
   in its parallel group (``occurrence``) → its reasoning, then one call in BFCL's python
   syntax.
 * ``executor`` (tool ``bfcl``): the call text and the request's API scope → the call's
@@ -32,6 +33,7 @@ ROUTER_PROMPT = (
     "conversation so far, name the function to call next. Name several, separated by "
     "commas, when they should be called in parallel. Answer " + END_OF_TURN + " when the "
     "latest user turn needs no further call.\n\n"
+    "Workspace: {workspace}\n\n"
     "Available functions (JSON):\n{functions}\n\n"
     "Conversation so far (JSON):\n{conversation}\n\n"
     "Next function(s):"
@@ -40,6 +42,9 @@ ROUTER_PROMPT = (
 HANDLER_PROMPT = (
     "Write one call of the function below in Python syntax, name(parameter=value, ...), "
     "with literal values only.\n\n"
+    "Workspace: {workspace}\n\n"
+    "Conversation before this request (JSON):\n{history}\n\n"
+    "Functions available now: {offered}\n\n"
     "Function (JSON):\n{function}\n\n"
     "User request:\n{turn}\n\n"
     "Calls made for this request so far, with their results (JSON):\n{calls}\n\n"
@@ -50,7 +55,7 @@ HANDLER_PROMPT = (
 ROUTER = StageSpec(
     "router",
     "llm",
-    ("functions", "conversation"),
+    ("workspace", "functions", "conversation"),
     prompt=ROUTER_PROMPT,
     model="target",
     sampling=SamplingParams(max_tokens=MAX_OUTPUT_TOKENS),
@@ -59,7 +64,7 @@ ROUTER = StageSpec(
 HANDLER = StageSpec(
     "handler",
     "llm",
-    ("function", "turn", "calls", "occurrence"),
+    ("workspace", "history", "offered", "function", "turn", "calls", "occurrence"),
     prompt=HANDLER_PROMPT,
     model="target",
     sampling=SamplingParams(max_tokens=MAX_OUTPUT_TOKENS),
@@ -75,5 +80,5 @@ EXECUTOR = StageSpec(
 )
 
 TEMPLATE = Template(
-    WORKFLOW, "1", [ROUTER, HANDLER, EXECUTOR], [SubgraphSpec("handle", "handler", ("executor",))]
+    WORKFLOW, "2", [ROUTER, HANDLER, EXECUTOR], [SubgraphSpec("handle", "handler", ("executor",))]
 )

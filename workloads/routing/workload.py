@@ -20,7 +20,6 @@ import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from dynbranch.canonical import digest
 from dynbranch.decode_lengths import check_mode, choose
 from dynbranch.errors import ConfigError, DataError
 from dynbranch.workload import DataConfig, Workload
@@ -28,6 +27,7 @@ from workloads.routing.apis import ApiState
 from workloads.routing.bfcl_data import BFCLData, Record, load_bfcl
 from workloads.routing.bfcl_wheel import bfcl_root, fetch_bfcl
 from workloads.routing.categories import DEFAULT_CATEGORIES, resolve_categories
+from workloads.routing.conflicts import EXCLUDED
 from workloads.routing.decode import SCALE, decode_model
 from workloads.routing.request import RoutingRequest
 from workloads.routing.template import TEMPLATE
@@ -124,10 +124,12 @@ class RoutingWorkload(Workload):
         self.load(data)
 
     def records(self, data: DataConfig, split: str) -> list[Record]:
-        """The records of one split, categories in order, records in file order."""
+        """The records of one split, categories in order, records in file order, without
+        the records no replayed model could answer (:data:`~workloads.routing.conflicts.EXCLUDED`)."""
         if split not in SPLITS:
             raise ConfigError(f"split {split!r}: choose from {list(SPLITS)}")
-        return [r for r in self.load(data).all() if split_of(r.id) == split]
+        return [r for r in self.load(data).all()
+                if split_of(r.id) == split and r.id not in EXCLUDED]
 
     def requests(
         self, data: DataConfig, n: int, seed: int, split: str = "test"
@@ -154,9 +156,7 @@ class RoutingWorkload(Workload):
         """The shared workspace of ``record``'s scenario (``shared_state`` only)."""
         if not (self.shared_state and record.multi_turn):
             return None
-        scenario = digest({"classes": list(record.classes),
-                           "initial_config": dict(record.initial_config),
-                           "long_context": record.long_context})[:16]
+        scenario = record.scenario
         if scenario not in workspaces:
             state = ApiState(bfcl.suite, record.classes, record.initial_config,
                              record.long_context)
