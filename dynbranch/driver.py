@@ -25,6 +25,7 @@ from dynbranch.clock import CLOCKS, Clock, Stopwatch, make_clock
 from dynbranch.decode_lengths import MODES as DECODE_MODES
 from dynbranch.engines.config import EngineConfig
 from dynbranch.engines.network import NETWORKS, with_network
+from dynbranch.engines.profile import load_profile
 from dynbranch.errors import ConfigError
 from dynbranch.launch import Interruption, Launcher, LaunchOutcome
 from dynbranch.orchestrator import Orchestrator
@@ -360,6 +361,8 @@ def run_context(prepared: Prepared, backend: Backend) -> RunContext:
         clock=prepared.clock, arm=prepared.arm.name, tenant=cfg.tenant,
         models=backend.models(), fill=prepared.options.fill, gate=prepared.options.gate,
         replay=cfg.engine in ("sim", "zero"),
+        replay_context=(load_profile(cfg.profile).model.max_model_len if cfg.engine == "sim"
+                        else None),
         make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction),
         make_gate=backend.make_gate)
 

@@ -24,6 +24,7 @@ from dynbranch.audit import Rerun, SpliceAudit
 from dynbranch.canonical import value_digest
 from dynbranch.clock import Clock
 from dynbranch.engines.client import EngineClient
+from dynbranch.engines.scheduler import replayed_text
 from dynbranch.errors import DeadlineExceeded, DynBranchError, StageError, ToolCallError
 from dynbranch.fill.runner import FillRunner
 from dynbranch.reuse.hook import Served, StageLookup, StageOutcome
@@ -328,7 +329,13 @@ class RequestContext:
             if not self._o.run.replay:
                 return Rerun()  # a real engine generates: the trace's text is not its output
             text = self.instance.replay_text(call.rendered)
-            return Rerun(value_digest(text)) if text is not None else Rerun()
+            if text is None:
+                return Rerun()
+            # NOTE: what the engine returns: cut at max_tokens and at the context left
+            # after the prompt, as canonical execution would cut it
+            return Rerun(value_digest(replayed_text(
+                call.rendered.text, text, call.stage.sampling.max_tokens,
+                self._o.run.replay_context)))
         try:
             result = self.instance.tool(call.stage.tool).call(call.rendered.fields)
         except Exception as e:

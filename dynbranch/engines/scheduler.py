@@ -25,7 +25,7 @@ from dynbranch.engines.blocks import BlockPool, block_hash, root_hash
 from dynbranch.engines.profile import Profile, attention_pairs, kv_blocks_for
 from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateResult
 from dynbranch.engines.queued import DONE, RUNNING, WAITING
-from dynbranch.engines.tokenizer import tokenize
+from dynbranch.engines.tokenizer import encode, tokenize
 from dynbranch.errors import EngineError
 
 EOS_TOKEN_ID = 151_645
@@ -64,6 +64,17 @@ def replay_plan(request: GenerateRequest, max_output: int | None = None) -> Repl
     if len(text_pieces) < limit:
         return ReplayPlan(tuple(text_pieces), (*ids, EOS_TOKEN_ID), "stop")
     return ReplayPlan(tuple(text_pieces[:limit]), tuple(ids[:limit]), "length")
+
+
+def replayed_text(prompt: str, replay_text: str, max_tokens: int,
+                  context_limit: int | None = None) -> str:
+    """The text a replay engine returns for ``replay_text`` after ``prompt``: cut at
+    ``max_tokens`` and, with a ``context_limit`` (the sim engine's ``max_model_len``), at
+    what is left of the context after the prompt — what the splice checker compares a
+    served LLM stage with."""
+    request = GenerateRequest("replayed", prompt, max_tokens=max_tokens, replay_text=replay_text)
+    room = None if context_limit is None else context_limit - len(encode(prompt))
+    return "".join(replay_plan(request, room).pieces)
 
 
 # -- one request inside the engine ----------------------------------------------------------

@@ -127,7 +127,9 @@ class RunContext:
     """What an arm's hooks need to know about the run they serve.
 
     ``replay`` is true when engines replay the trace's text (``sim``, ``zero``) and false when
-    a real model generates (the splice checker then cannot re-derive an LLM stage's output).
+    a real model generates (the splice checker then cannot re-derive an LLM stage's output);
+    ``replay_context`` is the context the replaying engine cuts outputs to (the sim profile's
+    ``max_model_len``; ``None``: no cut, as the zero engine), which the checker applies too.
     ``make_store`` builds the backend's subgraph store; ``make_gate`` the backend's central
     gate (``None``: the gate lives in this process).
     """
@@ -140,5 +142,6 @@ class RunContext:
     gate: GateOptions = field(default_factory=GateOptions)
     arm_config: Any = None  # a baseline's own typed settings (DSPConfig, SPAgentConfig, ...)
     replay: bool = True
+    replay_context: int | None = None
     make_store: Callable[[], StoreClient] | None = None
     make_gate: Callable[[ContentionModel, GateConfig], GateClient] | None = None

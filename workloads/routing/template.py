@@ -28,26 +28,30 @@ END_OF_TURN = "<end_of_turn>"
 # reasoning at 4,096 tokens (workloads.routing.decode), a decision is far shorter.
 MAX_OUTPUT_TOKENS = 8192
 
+# NOTE: the prompts put what many calls share first, so a prefix-caching engine prefills it
+# once: the router's function list (the same for every record of an API family) before the
+# workspace and the conversation; the handler's workspace, history, turn and calls so far
+# (the same for every handler and fill of one decision) before the function it writes.
 ROUTER_PROMPT = (
     "You route a user's requests to functions. Given the available functions and the "
     "conversation so far, name the function to call next. Name several, separated by "
     "commas, when they should be called in parallel. Answer " + END_OF_TURN + " when the "
     "latest user turn needs no further call.\n\n"
-    "Workspace: {workspace}\n\n"
     "Available functions (JSON):\n{functions}\n\n"
+    "Workspace: {workspace}\n\n"
     "Conversation so far (JSON):\n{conversation}\n\n"
     "Next function(s):"
 )
 
 HANDLER_PROMPT = (
-    "Write one call of the function below in Python syntax, name(parameter=value, ...), "
+    "Write one call of a function in Python syntax, name(parameter=value, ...), "
     "with literal values only.\n\n"
     "Workspace: {workspace}\n\n"
     "Conversation before this request (JSON):\n{history}\n\n"
-    "Functions available now: {offered}\n\n"
-    "Function (JSON):\n{function}\n\n"
     "User request:\n{turn}\n\n"
     "Calls made for this request so far, with their results (JSON):\n{calls}\n\n"
+    "Functions available now: {offered}\n\n"
+    "The function to call (JSON):\n{function}\n\n"
     "Calls of this function earlier in the same parallel group: {occurrence}\n\n"
     "Call:"
 )
