@@ -4,7 +4,8 @@ Modules: :mod:`~workloads.routing.bfcl_wheel` (the pinned ``bfcl-eval`` wheel, f
 PyPI into the cache), :mod:`~workloads.routing.bfcl_data` (loading and validation),
 :mod:`~workloads.routing.apis` (the executable API classes and their declared effects),
 :mod:`~workloads.routing.schema` (single-turn schemas), :mod:`~workloads.routing.tools` (the
-``bfcl`` tool), :mod:`~workloads.routing.template`, :mod:`~workloads.routing.request` and
+``bfcl`` tool), :mod:`~workloads.routing.template`, :mod:`~workloads.routing.request`,
+:mod:`~workloads.routing.conflicts` (records no replayed model could answer, left out) and
 :mod:`~workloads.routing.workload`.
 """
 
