@@ -336,6 +336,19 @@ def test_second_executor_joins_and_finish_stores():
         s.finish(ticket, None, 2.0)
 
 
+def test_a_previous_incarnations_ticket_is_refused_not_closing_another():
+    # a restarted shard numbers its tickets from 1 again: an old ticket with the id of a new
+    # one must be refused (typed) and leave the new one open
+    old = SubgraphStore(BIG).begin(rec(1).name, rec(1).key_bytes, "req-1")
+    s = SubgraphStore(BIG)
+    r = rec(2)
+    new = s.begin(r.name, r.key_bytes, "req-2")
+    assert new.ticket_id == old.ticket_id and new != old
+    with pytest.raises(TicketError, match="is not open"):
+        s.finish(old, None, 1.0)
+    assert s.in_flight == 1 and s.finish(new, r, 1.0).stored
+
+
 def test_colliding_executor_gets_an_unregistered_ticket():
     s = SubgraphStore(BIG)
     ticket = s.begin("n", b"key-a", "req-1")

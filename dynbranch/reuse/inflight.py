@@ -51,9 +51,16 @@ class InFlight:
         return ticket
 
     def finish(self, ticket: Ticket) -> None:
-        """Close ``ticket``; raises :class:`TicketError` if it is not open."""
-        if self._open.pop(ticket.ticket_id, None) is None:
+        """Close ``ticket``; raises :class:`TicketError` if it is not open.
+
+        NOTE: the open ticket of that id must be this one (same name, key and request): a
+        restarted store shard numbers its tickets from 1 again, and a ticket of its previous
+        incarnation that reaches it must be refused, not close another request's ticket.
+        """
+        held = self._open.get(ticket.ticket_id)
+        if held is None or held != ticket:
             raise TicketError(f"ticket {ticket.ticket_id} for {ticket.name[:16]} is not open")
+        del self._open[ticket.ticket_id]
         if ticket.registered:
             del self._by_name[ticket.name]
 
