@@ -94,6 +94,7 @@ class LoadSnapshot:
     spec_kv_blocks: int = 0
     preemptions_total: int = 0
     busy: float = 0.0  # fraction of the recent window the engine spent executing steps
+    stretch: float = 1.0  # mean recent step time over an idle engine's step (>= 1; 1: unknown)
 
     @property
     def kv_usage(self) -> float:

@@ -86,6 +86,8 @@ class SimEngine(Engine):
         self._seqs: dict[str, Seq] = {}
         self._streams: set[Seq] = set()  # requests whose stream waits for its next token
         self._busy = BusyWindow(BUSY_WINDOW_S)
+        # an idle engine's step: one sequence decoding one token with no context
+        self._idle_step_s = profile.step_time(1, 1, 0, 0)
         self._stepper = Stepper(self._sched, profile, skip_ahead, self._streams, self._wake)
         self._alarm: Alarm | None = None
         self._start_pending = False
@@ -152,6 +154,7 @@ class SimEngine(Engine):
             spec_kv_blocks=sched.spec_kv_blocks,
             preemptions_total=sched.preemptions,
             busy=self._busy.fraction(now),
+            stretch=max(1.0, self._busy.mean_s(now) / self._idle_step_s),
         )
 
     async def health(self) -> bool:

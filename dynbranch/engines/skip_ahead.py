@@ -57,6 +57,12 @@ class BusyWindow:
         busy = fsum(s for _, s in self._steps)
         return min(1.0, max(0.0, busy / self.window_s))
 
+    def mean_s(self, now: float) -> float:
+        """Mean duration of the steps in the window before ``now`` (0 without any)."""
+        self._drop_before(now - self.window_s)
+        steps = self._steps
+        return fsum(s for _, s in steps) / len(steps) if steps else 0.0
+
     def _drop_before(self, horizon: float) -> None:
         steps = self._steps
         while steps and steps[0][0] < horizon:

@@ -86,20 +86,29 @@ def _unit(name: str, value: float) -> None:
 
 @dataclass(frozen=True)
 class LoadView:
-    """``V = (o_fill, o_kv, rho)``, each in [0, 1], and the engines' utilisation ``busy``.
+    """``V = (o_fill, o_kv, rho)``, each in [0, 1], the engines' utilisation ``busy`` and
+    their step ``stretch``.
 
     ``busy`` (the share of recent time the engines spent executing steps) completes the
     canonical-demand pressure: ``rho`` counts sequences, ``busy`` says how close the engines
     are to saturation, where added work turns into queueing for everything behind it.
+    ``stretch`` (>= 1) is the engines' mean recent step time over an idle engine's step:
+    how much the batch they carry already slows every sequence in it.
     """
 
     o_fill: float = 0.0
     o_kv: float = 0.0
     rho: float = 0.0
     busy: float = 0.0
+    stretch: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
+            if f.name == "stretch":
+                if not (math.isfinite(self.stretch) and self.stretch >= 1.0):
+                    raise ValueError(f"LoadView.stretch must be finite and >= 1, got "
+                                     f"{self.stretch!r}")
+                continue
             _unit(f.name, getattr(self, f.name))
 
     @classmethod
@@ -128,6 +137,7 @@ class LoadView:
             o_kv=_capped(spec_kv / (budget.total_spec_kv_blocks * share)),
             rho=_capped(canonical / (budget.total_seq_slots * share)),
             busy=_capped(sum(s.busy for s in up) / len(up)),
+            stretch=max(1.0, sum(s.stretch for s in up) / len(up)),
         )
 
     def max(self, other: LoadView) -> LoadView:
@@ -135,15 +145,16 @@ class LoadView:
         return LoadView(
             max(self.o_fill, other.o_fill), max(self.o_kv, other.o_kv),
             max(self.rho, other.rho), max(self.busy, other.busy),
+            max(self.stretch, other.stretch),
         )
 
     def with_fill(self, fill_share: float, kv_share: float) -> LoadView:
         """This view with one more fill's slot and KV shares added (capped at 1)."""
         return LoadView(_capped(self.o_fill + fill_share), _capped(self.o_kv + kv_share),
-                        self.rho, self.busy)
+                        self.rho, self.busy, self.stretch)
 
-    def as_tuple(self) -> tuple[float, float, float, float]:
-        return (self.o_fill, self.o_kv, self.rho, self.busy)
+    def as_tuple(self) -> tuple[float, float, float, float, float]:
+        return (self.o_fill, self.o_kv, self.rho, self.busy, self.stretch)
 
 
 def _capped(x: float) -> float:
@@ -200,7 +211,7 @@ class LoadEnvelope:
         if not (math.isfinite(window_s) and window_s >= 0.0):
             raise ValueError(f"envelope window must be finite and >= 0 s, got {window_s!r}")
         self.window_s = window_s
-        self._parts = tuple(_WindowMax(window_s) for _ in range(4))
+        self._parts = tuple(_WindowMax(window_s) for _ in fields(LoadView))
         self._last: float | None = None
 
     def set_window(self, window_s: float) -> None:
@@ -220,7 +231,8 @@ class LoadEnvelope:
     def priced(self, now: float) -> LoadView:
         """The view to price against at ``now``."""
         self._advance(now)
-        return LoadView(*(part.value(now) for part in self._parts))
+        *parts, stretch = (part.value(now) for part in self._parts)
+        return LoadView(*parts, max(1.0, stretch))  # NOTE: no reading yet: an idle step
 
     @property
     def retained(self) -> int:

@@ -107,6 +107,7 @@ class ContentionModel:
     canonical_context: int = DEFAULT_CANONICAL_CONTEXT
     scale: float = 1.0
     queueing: bool = False  # NOTE: off by default: DESIGN §3's price has no such factor
+    stretched: bool = True  # the price times the view's step stretch (see price_ms)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.scale) and self.scale > 0.0):
@@ -214,8 +215,22 @@ class ContentionModel:
         weighed against is one request's saved latency: both sides are then latency summed
         over requests, the quantity mean latency is made of. Zero when no canonical work
         is (or, through the envelope, recently was) present.
+
+        NOTE: times the view's ``stretch`` (mean recent step time over an idle step, 1 on a
+        lightly loaded engine), a refinement of DESIGN §3's co-residency price. An engine
+        batches every sequence into each step, so it serves them like a processor-sharing
+        server: a canonical sequence the fill slows stays longer, shares steps with more
+        arrivals and slows them in turn. With step time ``T(n) = T_0 + c n`` the share of a
+        step spent on per-sequence work is ``u = 1 - T_0 / T(n)``, and work added to the
+        batch is amplified by ``1 / (1 - u) = T(n) / T_0`` — the stretch. Measured on
+        Routing (`fig14 --quick`, 480 requests per rate) without it: co-residency alone
+        prices a fill within 1 % of the sim's delay to one co-resident sequence
+        (`calibrate_price`), yet at 4 and 16 req/s `full` ran +17 % and +38 % over the floor
+        on fills whose consumption fell to 8 %; see the closing measurements for with it.
         """
         price = self.canonical_sequences(view) * self.delay_per_canonical_ms(fill, view)
+        if self.stretched:
+            price *= view.stretch
         return price * queueing_factor(view.busy) if self.queueing else price
 
     # -- serialisation -------------------------------------------------------------------------
