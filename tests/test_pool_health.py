@@ -179,7 +179,7 @@ def test_the_load_view_leaves_a_down_engine_out_explicitly():
     # one canonical sequence per engine over 4 slots each; with one engine left, 1 of 4
     assert full.rho == pytest.approx(2 / 8) and half.rho == pytest.approx(1 / 4)
     assert half.o_fill == pytest.approx(1 / 4) and full.o_fill == pytest.approx(2 / 8)
-    assert LoadView.from_snapshots(none, budget).as_tuple() == (1.0, 1.0, 1.0, 1.0)
+    assert LoadView.from_snapshots(none, budget).as_tuple() == (1.0, 1.0, 1.0, 1.0, 1.0)
     assert set(pool.down()) == {"e0", "e1"}
 
 
