@@ -223,10 +223,10 @@ class ContentionModel:
         arrivals and slows them in turn. With step time ``T(n) = T_0 + c n`` the share of a
         step spent on per-sequence work is ``u = 1 - T_0 / T(n)``, and work added to the
         batch is amplified by ``1 / (1 - u) = T(n) / T_0`` — the stretch. Measured on
-        Routing (`fig14 --quick`, 480 requests per rate) without it: co-residency alone
-        prices a fill within 1 % of the sim's delay to one co-resident sequence
-        (`calibrate_price`), yet at 4 and 16 req/s `full` ran +17 % and +38 % over the floor
-        on fills whose consumption fell to 8 %; see the closing measurements for with it.
+        Routing (`fig14 --quick`, 480 requests per rate): co-residency alone prices a fill
+        within 1 % of the sim's delay to one co-resident sequence (`calibrate_price`), yet
+        `full` ran +17.1 % and +38.5 % over the floor at 4 and 16 req/s; with the stretch
+        +9.1 % and +23.2 %, and −12.3 % (was −12.2 %) at 0.5 req/s, where it stays near 1.
         """
         price = self.canonical_sequences(view) * self.delay_per_canonical_ms(fill, view)
         if self.stretched:
