@@ -7,18 +7,20 @@ recorded paths render one input must record one answer there. The router and han
 the workspace, the functions offered and the conversation (see
 :mod:`workloads.routing.template`), which separates almost every BFCL record; what is left
 are records whose input BFCL copied unchanged from another task while the ground truth
-differs. In bfcl-eval 2026.3.23 (the pinned wheel): ``multi_turn_miss_param_180``, ``_195`` and ``_199`` keep
-the base task's first turn word for word (the "missing" parameter is still in it) yet
-record no call (or another one) where ``multi_turn_base_*`` records the call; three
-``live_irrelevance`` records repeat a ``live_simple``/``live_multiple`` question and its
-functions and record that no call is needed. A model that answers one answers the other
-the same.
+differs. In bfcl-eval 2026.3.23 (the pinned wheel): ``multi_turn_miss_param_180``, ``_195``
+and ``_199`` keep the base task's first turn word for word (the "missing" parameter is still
+in it) yet record no call (or another one) where ``multi_turn_base_*`` records the call;
+three ``live_irrelevance`` records repeat a ``live_simple``/``live_multiple`` question and
+its functions and record that no call is needed. A model that answers one answers the
+other the same.
 
-:func:`find_conflicts` traces every record along its recorded path (:mod:`workloads.analysis.trace`,
-decisions only) and names, for each input recorded with two answers, every record but the
-first in :data:`~workloads.routing.categories.CATEGORIES` order. :data:`EXCLUDED` is its
-answer on the pinned wheel; the loader drops those records from the pool, and a test
-re-derives the list from the data.
+:func:`find_conflicts` traces every record along its recorded path
+(:mod:`workloads.analysis.trace`, decisions only) and asks every other record that could
+render those inputs to answer them too (on its own recorded path, or off it with a
+plausible call); each record that answers one of them otherwise than a record before it
+(in :data:`~workloads.routing.categories.CATEGORIES` order) is named. :data:`EXCLUDED` is
+its answer on the pinned wheel; the workload leaves those records out of the pool, and a
+test re-derives the list from the data.
 """
 
 from __future__ import annotations
