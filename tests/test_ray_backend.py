@@ -19,14 +19,6 @@ pytestmark = pytest.mark.ray
 from dynbranch.cluster import ENGINE_RESOURCE, RayBackend  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, resources={ENGINE_RESOURCE: 4}, include_dashboard=False,
-             log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 def _engine_units_free(expected: float, timeout: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

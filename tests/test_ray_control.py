@@ -156,19 +156,6 @@ def test_queued_releases_merge_only_when_adjacent():
 # -- on a local Ray instance ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    yield
-    ray.shutdown()
-
-
 def test_the_ray_clients_decide_is_one_call_that_answers_as_the_in_process_gate(
     local_ray, tmp_path
 ):

@@ -19,21 +19,7 @@ from tests.toy import ToyRequest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
-from dynbranch.cluster import ENGINE_RESOURCE, RayBackend  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        resources={ENGINE_RESOURCE: 4},
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    yield
-    ray.shutdown()
+from dynbranch.cluster import RayBackend  # noqa: E402
 
 
 def test_requests_survive_an_engine_crash_and_the_engine_comes_back(local_ray):

@@ -35,7 +35,6 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
 from dynbranch.cluster import (  # noqa: E402
-    ENGINE_RESOURCE,
     UNAVAILABLE,
     GateActor,
     GateDeployment,
@@ -50,16 +49,6 @@ RESTART_S = 1.5
 IMPATIENT = RetryPolicy(call_timeout_s=0.2, deadline_s=0.4, backoff_s=0.05, cooldown_s=0.3)
 PATIENT = RetryPolicy(call_timeout_s=10.0, deadline_s=20.0)
 """For calls that must not degrade even on a loaded machine (the gate is up)."""
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    # NOTE: address="local" starts a private instance even while another process's
-    # ``ray start`` cluster is up on this machine (ray.init would otherwise join it).
-    ray.init(address="local", num_cpus=2, resources={ENGINE_RESOURCE: 4},
-             include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def gate_spec(**overrides) -> tuple[ContentionModel, GateConfig]:

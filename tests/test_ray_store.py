@@ -33,7 +33,7 @@ from dynbranch.reuse import (
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
-from dynbranch.cluster import ENGINE_RESOURCE, RayBackend, RayStoreClient, StoreActor  # noqa: E402
+from dynbranch.cluster import RayBackend, RayStoreClient, StoreActor  # noqa: E402
 from dynbranch.cluster.store import make_shards, shard_of  # noqa: E402
 from dynbranch.cluster.store_reads import hold  # noqa: E402
 
@@ -41,16 +41,6 @@ BIG = 1 << 30
 SHARDS = 2
 DOOMED_BYTES = 256 << 10
 """Large enough to live in the shared object store, not inlined in a reply."""
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    # NOTE: address="local" starts a private instance even while another process's
-    # ``ray start`` cluster is up on this machine (ray.init would otherwise join it).
-    ray.init(address="local", num_cpus=2, resources={ENGINE_RESOURCE: 4},
-             include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 # -- a probe-able shard ------------------------------------------------------------------------

@@ -20,19 +20,6 @@ from dynbranch.cluster.store_faults import make_restartable_shards  # noqa: E402
 SHARDS = 2
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    yield
-    ray.shutdown()
-
-
 def key(i: int) -> ReuseKey:
     return ReuseKey("fp", {"i": i}, "m", "r", {}, None, "t")
 
