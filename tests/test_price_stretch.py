@@ -56,8 +56,7 @@ def test_the_view_averages_the_engines_stretch_and_ignores_down_ones():
 
 
 def test_the_sim_engine_reports_a_stretch_that_grows_with_its_batch():
-    async def stretch_with(n: int) -> float:
-        engine = SimEngine(P32, VirtualClock())
+    async def stretch_with(engine: SimEngine, n: int) -> float:
         await engine.start()
         try:
             streams = [engine.generate_stream(GenerateRequest(
@@ -70,5 +69,9 @@ def test_the_sim_engine_reports_a_stretch_that_grows_with_its_batch():
         finally:
             await engine.shutdown()
 
-    one, many = (VirtualClock().run(stretch_with(n)) for n in (1, 64))
+    def run(n: int) -> float:
+        clock = VirtualClock()
+        return clock.run(stretch_with(SimEngine(P32, clock), n))
+
+    one, many = run(1), run(64)
     assert 1.0 <= one < many
