@@ -12,9 +12,9 @@ from dynbranch.reuse import Hit, Miss, MissReason, PutOutcome
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
-from tests.test_ray_store import SHARDS, local_ray, look, on_shard, rec, run, store  # noqa: E402
+from tests.test_ray_store import SHARDS, look, on_shard, rec, run, store  # noqa: E402
 
-__all__ = ["local_ray", "store"]  # fixtures, imported for pytest
+__all__ = ["store"]  # a fixture, imported for pytest (local_ray is in conftest.py)
 
 
 def test_an_announced_write_is_marked_on_every_shard_until_its_commit(store):
