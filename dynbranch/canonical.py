@@ -46,6 +46,8 @@ def _normal(value: Any) -> Any:
         return value
     if t is Normalised:
         return value.value
+    if t is FrozenMap or t is FrozenList:
+        return value.normal()
     if t is dict or t is MappingProxyType:
         return _normal_map(value)
     if t is list or t is tuple:
@@ -84,6 +86,102 @@ class Normalised:
 
     def __init__(self, value: Any) -> None:
         self.value = value
+
+
+class FrozenMap(dict):
+    """A deeply immutable mapping that walks itself into canonical form once.
+
+    A ``dict`` to every reader (JSON rendering, equality, ``in``, iteration), but it refuses
+    to be changed and keeps its canonical form: a value that recurs inside many rendered
+    inputs (a function's schema, a message of a conversation) is walked once, not once per
+    stage. Build it with :func:`freeze`, which freezes every value inside too; that is what
+    makes the kept form safe to reuse.
+    """
+
+    __slots__ = ("_normal",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        dict.__init__(self, *args, **kwargs)
+        self._normal = None
+
+    def normal(self) -> Any:
+        if self._normal is None:
+            self._normal = _normal_map(self)
+        return self._normal
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a FrozenMap cannot be changed; copy it with dict(...) first")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenMap, (dict(self),))
+
+    def __copy__(self) -> FrozenMap:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenMap:
+        return self
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        raise TypeError("unhashable type: 'FrozenMap'")
+
+
+class FrozenList(list):
+    """A deeply immutable sequence that keeps its canonical form (see :class:`FrozenMap`);
+    a ``list`` to every reader, so it compares equal to the list it was frozen from."""
+
+    __slots__ = ("_normal",)
+
+    def __init__(self, *args: Any) -> None:
+        list.__init__(self, *args)
+        self._normal = None
+
+    def normal(self) -> Any:
+        if self._normal is None:
+            self._normal = [_normal(v) for v in self]
+        return self._normal
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a FrozenList cannot be changed; copy it with list(...) first")
+
+    __setitem__ = __delitem__ = append = extend = insert = pop = remove = _refuse  # type: ignore[assignment]
+    sort = reverse = clear = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenList, (list(self),))
+
+    def __copy__(self) -> FrozenList:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenList:
+        return self
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        raise TypeError("unhashable type: 'FrozenList'")
+
+
+def freeze(value: Any) -> Any:
+    """``value`` made deeply immutable: mappings become :class:`FrozenMap`, lists and tuples
+    :class:`FrozenList`, recursively; scalars are returned as they are.
+
+    Values of other types are refused (``TypeError``): their immutability cannot be
+    vouched for, and a kept canonical form over a value that changes would name the wrong
+    input.
+    """
+    t = type(value)
+    if t is FrozenMap or t is FrozenList:
+        return value
+    if t is str or t is int or t is bool or t is float or t is bytes or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return FrozenMap({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return FrozenList(freeze(v) for v in value)
+    if isinstance(value, (bool, int, str, bytes, float)):
+        return value
+    raise TypeError(f"{type(value).__name__} cannot be frozen")
 
 
 def normalise(value: Any) -> Normalised:

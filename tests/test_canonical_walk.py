@@ -108,3 +108,66 @@ def test_an_unnameable_rendered_input_is_still_a_typed_error():
     rendered = stage.render({"q": "hi", "docs": [math.nan]})
     with pytest.raises(UnnameableInputError):
         key_for(stage, t.fingerprint("s"), rendered, model="m", revision="r", tenant="t")
+
+
+json_like = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=10), c, max_size=4),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_like)
+def test_a_frozen_value_encodes_renders_and_compares_as_the_value(value):
+    import copy
+    import json
+    import pickle
+
+    from dynbranch.canonical import freeze
+
+    frozen = freeze(value)
+    assert frozen == value
+    assert canonical_bytes(frozen) == _reference(value)
+    # its kept form, read again and from inside plain containers, is the same bytes
+    assert canonical_bytes(frozen) == _reference(value)
+    assert canonical_bytes({"k": [frozen, frozen]}) == _reference({"k": [value, value]})
+    assert json.dumps(frozen, sort_keys=True) == json.dumps(value, sort_keys=True)
+    thawed = pickle.loads(pickle.dumps(frozen))
+    assert thawed == value and canonical_bytes(thawed) == _reference(value)
+    assert copy.deepcopy(frozen) is frozen
+
+
+def test_a_frozen_value_refuses_every_change_at_every_depth():
+    from dynbranch.canonical import freeze
+
+    frozen = freeze({"a": [1, {"b": [2]}], "c": {"d": 3}})
+    before = canonical_bytes(frozen)
+    changes = [
+        lambda: frozen.__setitem__("x", 1), lambda: frozen.update(x=1), lambda: frozen.pop("a"),
+        lambda: frozen["a"].append(4), lambda: frozen["a"].__setitem__(0, 9),
+        lambda: frozen["a"][1]["b"].extend([5]), lambda: frozen["c"].setdefault("e", 1),
+        lambda: frozen["a"].sort(), lambda: frozen.clear(),
+    ]
+    for change in changes:
+        with pytest.raises(TypeError):
+            change()
+    assert canonical_bytes(frozen) == before == _reference({"a": [1, {"b": [2]}], "c": {"d": 3}})
+    # a copy is a plain, changeable value again
+    copied = dict(frozen)
+    copied["x"] = 1
+    assert canonical_bytes(copied) != before
+
+
+def test_freezing_refuses_what_it_cannot_vouch_for():
+    from dynbranch.canonical import freeze
+
+    with pytest.raises(TypeError):
+        freeze({"a": {1, 2}})
+    class Named:
+        def canonical(self):
+            return "named"
+
+    with pytest.raises(TypeError):
+        freeze([Named()])  # encodable, but it could change after its form was kept

@@ -30,7 +30,7 @@ from itertools import accumulate
 VOCAB_SIZE = 151_936  # Qwen3's vocabulary size; ids are folded into it.
 _PIECE = re.compile(r" ?[A-Za-z]{1,6}| ?\d{1,3}| ?[^\sA-Za-z\d]{1,2}|\s+")
 
-RECENT_TEXTS = 16
+RECENT_TEXTS = 128
 """Long texts :func:`encode` remembers, to reuse the pieces of a shared prefix."""
 MIN_CACHED_CHARS = 512
 """Texts shorter than this are encoded from scratch and not remembered."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dynbranch.datasets import read_jsonl
+from dynbranch.canonical import freeze
 from dynbranch.errors import MalformedRecordError
 
 ROLES = ("user", "system", "assistant")
@@ -76,7 +77,8 @@ def turn_texts(
 
 
 def check_doc(path: Path, rid: str | int, doc: Any) -> Mapping[str, Any]:
-    """``doc`` if it is a function doc: a name, and parameters with a typed property each."""
+    """``doc``, deeply frozen (:func:`~dynbranch.canonical.freeze`), if it is a function doc:
+    a name, and parameters with a typed property each."""
     if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
         raise MalformedRecordError(str(path), rid, "a function doc needs a name")
     params = doc.get("parameters")
@@ -94,4 +96,4 @@ def check_doc(path: Path, rid: str | int, doc: Any) -> Mapping[str, Any]:
             raise MalformedRecordError(
                 str(path), rid, f"function {doc['name']!r}: parameter {pname!r} has no type"
             )
-    return doc
+    return freeze(doc)

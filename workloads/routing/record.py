@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from dynbranch.canonical import digest
+from dynbranch.canonical import digest, freeze
 from workloads.routing.categories import MULTI_TURN, is_irrelevance
 
 
@@ -33,6 +33,12 @@ class Record:
     possible_answer: tuple[Mapping[str, Mapping[str, list]], ...] = ()
     held_out: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     long_context: bool = False
+
+    def __post_init__(self) -> None:
+        # NOTE: frozen deeply, so each schema keeps its canonical form: every router and
+        # handler input carries function schemas, and walking them again per stage was the
+        # largest cost of a replay (issue: fast at scale).
+        object.__setattr__(self, "functions", tuple(freeze(f) for f in self.functions))
 
     @property
     def multi_turn(self) -> bool:

@@ -23,9 +23,10 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
+from dynbranch.canonical import freeze
 from dynbranch.decode_lengths import RECORDED, DecodeModel, decision_of
 from dynbranch.errors import ToolCallError
 from dynbranch.predictors.frequency import FEATURES_KEY
@@ -44,12 +45,29 @@ from workloads.routing.tools import ApiTool, SchemaTool
 MAX_DECISIONS_PER_TURN = 64
 
 
+def _message(role: str, content: Any) -> Mapping[str, Any]:
+    """One conversation message, frozen where it can be (see :attr:`ExecutedCall.entry`)."""
+    try:
+        return freeze({"role": role, "content": content})
+    except TypeError:
+        return {"role": role, "content": content}
+
+
 @dataclass(frozen=True)
 class ExecutedCall:
     """A call the request ran and the value the executor returned."""
 
     call: str
     value: Any
+
+    @cached_property
+    def entry(self) -> Mapping[str, Any]:
+        """The call and its result as stage inputs carry them (frozen where it can be, so
+        its canonical form is walked once however many later inputs carry it)."""
+        try:
+            return freeze({"call": self.call, "result": self.value})
+        except TypeError:
+            return {"call": self.call, "result": self.value}
 
 
 @dataclass
@@ -131,8 +149,8 @@ class RoutingRequest(RequestInstance):
         conversation: list[dict[str, Any]] = []
         for t, turn in enumerate(self.record.turns):
             history = list(conversation)  # the conversation before this user turn
-            conversation.append({"role": "user", "content": turn})
-            functions = [dict(f) for f in self.record.offered(t)]
+            conversation.append(_message("user", turn))
+            functions = list(self.record.offered(t))
             request = self.record.request_text(t)
             offered = tuple(f["name"] for f in functions)
             executed: list[ExecutedCall] = []
@@ -141,7 +159,7 @@ class RoutingRequest(RequestInstance):
                                            executed, history)
                 if not chosen:
                     break
-                so_far = [{"call": c.call, "result": c.value} for c in executed]
+                so_far = [c.entry for c in executed]
                 seen: Counter[str] = Counter()
                 jobs = []
                 for name in chosen:
@@ -149,8 +167,8 @@ class RoutingRequest(RequestInstance):
                                              offered))
                     seen[name] += 1
                 for done in await asyncio.gather(*jobs):
-                    conversation.append({"role": "assistant", "content": done.call})
-                    conversation.append({"role": "tool", "content": done.value})
+                    conversation.append(_message("assistant", done.call))
+                    conversation.append(_message("tool", done.value))
                     executed.append(done)
             outcome.turns.append(executed)
             if self.state is not None:
@@ -171,7 +189,7 @@ class RoutingRequest(RequestInstance):
         outcome.router_decisions += 1
         offered = tuple(f["name"] for f in functions)
         self._open[coordinate] = (
-            turn, [{"call": c.call, "result": c.value} for c in executed], history, offered)
+            turn, [c.entry for c in executed], history, offered)
         point = BranchPoint(coordinate, self.candidates, multi_valued=self.record.parallel,
                             evidence=self._evidence(turn, executed))
         async with ctx.branch(point) as branch:
@@ -259,7 +277,9 @@ class RoutingRequest(RequestInstance):
                       conversation: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """The router's input values: the record's workspace, the functions offered and
         the whole conversation so far."""
-        return {"workspace": self.record.scenario, "functions": [dict(f) for f in functions],
+        # NOTE: the record's frozen schemas themselves, not copies: each keeps its canonical
+        # form (a copy would be walked again for every stage's name and digest).
+        return {"workspace": self.record.scenario, "functions": list(functions),
                 "conversation": list(conversation)}
 
     def handler_values(
@@ -282,11 +302,17 @@ class RoutingRequest(RequestInstance):
             "workspace": self.record.scenario,
             "history": list(history),
             "offered": list(offered),
-            "function": dict(self.record.doc(name)),
+            "function": self._doc(name),
             "turn": turn,
             "calls": list(so_far),
             "occurrence": occurrence,
         }
+
+    def _doc(self, name: str) -> Mapping[str, Any]:
+        doc = self.record.doc(name)
+        if doc is None:
+            raise KeyError(f"record {self.record.id!r} has no function {name!r}")
+        return doc
 
     def executor_values(self, call: str) -> dict[str, Any]:
         """The executor's input values for a call text.
