@@ -660,3 +660,24 @@ def test_zero_engine_takes_no_time() -> None:
     assert now == 0.0 and replayed.engine_s == 0.0
     assert (replayed.text, replayed.finish_reason) == ("x y z", "length")
     assert (empty.text, empty.finish_reason) == ("", "stop")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=0, max_size=200),
+       st.integers(1, 12), st.integers(0, 12), st.sampled_from([None, "", "tenant-a"]))
+def test_block_keys_computed_in_one_pass_are_the_chained_block_hashes(
+    tokens: list[int], block_size: int, first: int, salt: str | None
+) -> None:
+    from dynbranch.engines.blocks import block_hash, root_hash
+    from dynbranch.engines.scheduler import ReplayPlan, Seq
+
+    request = GenerateRequest(request_id="r", prompt="x", max_tokens=1, cache_salt=salt)
+    seq = Seq(request, ReplayPlan.__new__(ReplayPlan), len(tokens), list(tokens), 0, 0.0, (0, 0))
+    full = len(tokens) // block_size
+    seq.ensure_hashes(min(first, full), block_size)  # in two steps: the chain continues
+    seq.ensure_hashes(full, block_size)
+    expected, parent = [], root_hash(salt)
+    for b in range(full):
+        parent = block_hash(parent, tokens[b * block_size : (b + 1) * block_size])
+        expected.append(parent)
+    assert seq.hashes == expected
