@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -98,16 +98,21 @@ class FrozenMap(dict):
     makes the kept form safe to reuse.
     """
 
-    __slots__ = ("_normal",)
+    __slots__ = ("_normal", "_text")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         dict.__init__(self, *args, **kwargs)
         self._normal = None
+        self._text: tuple[Any, str] | None = None
 
     def normal(self) -> Any:
         if self._normal is None:
             self._normal = _normal_map(self)
         return self._normal
+
+    def text(self, render: Callable[[Any], str]) -> str:
+        """``render(self)``, kept for the next call with the same ``render``."""
+        return _kept_text(self, render)
 
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("a FrozenMap cannot be changed; copy it with dict(...) first")
@@ -132,16 +137,21 @@ class FrozenList(list):
     """A deeply immutable sequence that keeps its canonical form (see :class:`FrozenMap`);
     a ``list`` to every reader, so it compares equal to the list it was frozen from."""
 
-    __slots__ = ("_normal",)
+    __slots__ = ("_normal", "_text")
 
     def __init__(self, *args: Any) -> None:
         list.__init__(self, *args)
         self._normal = None
+        self._text: tuple[Any, str] | None = None
 
     def normal(self) -> Any:
         if self._normal is None:
             self._normal = [_normal(v) for v in self]
         return self._normal
+
+    def text(self, render: Callable[[Any], str]) -> str:
+        """``render(self)``, kept for the next call with the same ``render``."""
+        return _kept_text(self, render)
 
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("a FrozenList cannot be changed; copy it with list(...) first")
@@ -160,6 +170,13 @@ class FrozenList(list):
 
     def __hash__(self) -> int:  # type: ignore[override]
         raise TypeError("unhashable type: 'FrozenList'")
+
+
+def _kept_text(frozen: FrozenMap | FrozenList, render: Callable[[Any], str]) -> str:
+    kept = frozen._text
+    if kept is None or kept[0] is not render:
+        kept = frozen._text = (render, render(frozen))
+    return kept[1]
 
 
 def freeze(value: Any) -> Any:

@@ -19,7 +19,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Literal
 
-from dynbranch.canonical import Normalised, digest, normalise
+from dynbranch.canonical import FrozenList, FrozenMap, Normalised, digest, normalise
 
 StageKind = Literal["llm", "tool", "human"]
 STAGE_KINDS: tuple[str, ...] = ("llm", "tool", "human")
@@ -227,8 +227,26 @@ def _format_fields(template: str) -> set[str]:
     return names
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _json_of(value: Any) -> str:
+    t = type(value)
+    if t is FrozenMap or t is FrozenList:
+        return value.text(_json)
+    return _json(value)
+
+
 def as_text(value: Any) -> str:
     """How a value renders into a prompt: strings as they are, anything else as sorted JSON."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
+    t = type(value)
+    if t is FrozenMap or t is FrozenList:
+        return value.text(_json)
+    if t is list or t is tuple:
+        # NOTE: item by item, as json.dumps joins a list (", "), so frozen items (a
+        # function's schema, a message) render once however many prompts carry them.
+        return "[" + ", ".join(map(_json_of, value)) + "]"
+    return _json(value)

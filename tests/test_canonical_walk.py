@@ -171,3 +171,18 @@ def test_freezing_refuses_what_it_cannot_vouch_for():
 
     with pytest.raises(TypeError):
         freeze([Named()])  # encodable, but it could change after its form was kept
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(json_like, max_size=4), st.lists(st.booleans(), min_size=4, max_size=4))
+def test_a_value_with_frozen_parts_renders_the_text_of_the_plain_value(items, frozen_at):
+    import json
+
+    from dynbranch.canonical import freeze
+    from dynbranch.workflow import as_text
+
+    mixed = [freeze(v) if f else v for v, f in zip(items, frozen_at)]
+    plain = json.dumps(items, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
+    assert as_text(mixed) == as_text(tuple(mixed)) == as_text(items) == plain
+    assert as_text(mixed) == plain  # the kept texts, read a second time
+    assert as_text(freeze(items)) == plain

@@ -102,3 +102,25 @@ def test_property_round_trip(value, reads, upstream):
                      provenance=Provenance("r", 1.0, "e", "c1", tuple(upstream)))
     back = from_arrow(to_arrow(record))
     assert back == record and back.value == value and back.size == record.size
+    assert record.size == len(to_arrow(record))
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(max_size=80), key=st.binary(max_size=300), fields=st.binary(max_size=2000),
+       value=st.binary(max_size=300),
+       reads=st.dictionaries(st.text(max_size=12), st.text(max_size=12), max_size=5),
+       who=st.tuples(st.text(max_size=9), st.text(max_size=9), st.text(max_size=9)),
+       upstream=st.lists(st.text(max_size=70), max_size=4),
+       committed=st.booleans(), cost=st.floats(0, 1e6), hits=st.integers(0, 2**40))
+def test_the_size_is_the_length_of_the_arrow_stream_without_encoding_it(
+        name, key, fields, value, reads, who, upstream, committed, cost, hits):
+    from types import MappingProxyType
+
+    from dynbranch.reuse.record import Record, RecordState, arrow_size
+
+    record = Record(name=name, key_bytes=key, fields_bytes=fields, value_bytes=value,
+                    read_set=MappingProxyType(reads),
+                    provenance=Provenance(who[0], 1.5, who[1], who[2], tuple(upstream)),
+                    state=RecordState.COMMITTED if committed else RecordState.SHADOW,
+                    cost_ms=cost, hits=hits)
+    assert arrow_size(record) == len(to_arrow(record))
