@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 _EPS = 1e-15
 _TINY = 1e-300
@@ -91,6 +92,13 @@ def beta_quantile(a: float, b: float, q: float) -> float:
 
     Accurate to about 1e-14 relative to ``min(x, 1 - x)``, for any ``q`` a double holds.
     """
+    # NOTE: remembered: the gate reads the same posteriors' quantiles at every candidate
+    # until they next learn, and each read is a Newton solve (a twentieth of a replay).
+    return _beta_quantile(float(a), float(b), float(q))
+
+
+@lru_cache(maxsize=1 << 14)
+def _beta_quantile(a: float, b: float, q: float) -> float:
     _check_shape(a, b)
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"quantile level must be in [0, 1], got {q}")

@@ -7,10 +7,25 @@ All times are seconds on the run's clock, relative to the run's start.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 SERVED_FROM = ("exec", "cache", "shadow", "join")
+
+
+def _row(record: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` for these flat records: each field, containers copied.
+
+    NOTE: the fields are scalars and flat lists/dicts of strings, so a one-level copy is
+    the deep copy ``asdict`` makes, at a fraction of its cost (it was a thirtieth of a
+    replay); a test compares the two.
+    """
+    row = {}
+    for f in fields(record):
+        v = getattr(record, f.name)
+        t = type(v)
+        row[f.name] = dict(v) if t is dict else list(v) if t is list else v
+    return row
 
 
 @dataclass
@@ -51,7 +66,7 @@ class StageRecord:
         return self.end - self.start
 
     def row(self) -> dict[str, Any]:
-        r = asdict(self)
+        r = _row(self)
         r["duration"] = self.duration
         return r
 
@@ -68,7 +83,7 @@ class BranchRecord:
     resolved_at: float | None
 
     def row(self) -> dict[str, Any]:
-        return asdict(self)
+        return _row(self)
 
 
 @dataclass
@@ -99,7 +114,7 @@ class RequestRecord:
         return self.start - self.arrival
 
     def row(self) -> dict[str, Any]:
-        r = asdict(self)
+        r = _row(self)
         r["latency"] = self.latency
         r["send_lag"] = self.send_lag
         return r

@@ -64,12 +64,19 @@ class Record:
         return digest({"classes": list(self.classes), "initial_config": dict(self.initial_config),
                        "long_context": self.long_context})[:16]
 
-    @property
+    @cached_property
     def function_names(self) -> tuple[str, ...]:
         return tuple(f["name"] for f in self.functions)
 
     def doc(self, name: str) -> Mapping[str, Any] | None:
-        return next((f for f in self.functions if f["name"] == name), None)
+        return self._docs.get(name)
+
+    @cached_property
+    def _docs(self) -> dict[str, Mapping[str, Any]]:
+        docs: dict[str, Mapping[str, Any]] = {}
+        for f in self.functions:
+            docs.setdefault(f["name"], f)  # the first of a name, as a scan would find
+        return docs
 
     def request_text(self, turn: int) -> str:
         """What the user asks at ``turn``, as the handler reads it.

@@ -386,7 +386,7 @@ class RoutingRequest(RequestInstance):
             conversation[i]["content"] for i in users
         ] != list(self.record.turns[: t + 1]):
             return None
-        if list(fields["functions"]) != [dict(f) for f in self.record.offered(t)]:
+        if list(fields["functions"]) != list(self.record.offered(t)):
             return None
         made = [m["content"] for m in conversation[users[-1] + 1 :] if m["role"] == "assistant"]
         expected, names = list(self.record.recorded[t]), self._names[t]
