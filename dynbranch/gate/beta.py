@@ -109,10 +109,16 @@ def _beta_quantile(a: float, b: float, q: float) -> float:
     # NOTE: floats resolve small numbers finely and numbers near 1 coarsely, so solve for
     # whichever of x and 1 - x is at most 1/2 (I_{1-x}(b, a) = 1 - q), and match whichever
     # of the lower and upper tail is at most 1/2 (q >= 1/2 makes 1 - q exact).
-    if q <= betainc(a, b, 0.5):
-        return _solve(a, b, q, upper=False) if q <= 0.5 else _solve(a, b, 1.0 - q, upper=True)
+    # NOTE: which side of 1/2 the root lies on is decided on the smaller tail too: for q near
+    # 1, q and I_{1/2} can round to neighbouring doubles in the wrong order while their upper
+    # tails (1 - q exact, and I^c_{1/2}) still compare right (hypothesis found a = 0.203,
+    # b = 44, q = 1 - 1e-15 solved on the wrong side, 5 % off in the upper tail).
     if q >= 0.5:
+        if 1.0 - q >= betaincc(a, b, 0.5):
+            return _solve(a, b, 1.0 - q, upper=True)
         return 1.0 - _solve(b, a, 1.0 - q, upper=False)
+    if q <= betainc(a, b, 0.5):
+        return _solve(a, b, q, upper=False)
     return 1.0 - _solve(b, a, q, upper=True)
 
 
