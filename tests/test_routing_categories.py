@@ -12,6 +12,7 @@ promoted handler and zero unsafe splices on a 100-request ``full`` replay.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -265,11 +266,14 @@ def test_router_evidence_holds_branch_time_features_only():
     assert chosen == ("ls",)
     features = first.evidence["candidate_features"]
     # "... hidden files too": ls's description shares one content word ("file")
-    assert features["ls"] == ["<turn start> -> ls", "name-overlap=0", "doc-overlap=1"]
+    said = sorted({w[:4] for w in re.findall(r"[a-z0-9]+", request.record.turns[0].lower())
+                   if len(w) >= 3})
+    words = [f"word:{w}>ls" for w in said]  # the turn's words, crossed with the candidate
+    assert features["ls"] == ["<turn start> -> ls", "name-overlap=0", "doc-overlap=1", *words]
     assert features["<end_of_turn>"] == ["<turn start> -> <end_of_turn>", "end-after=0"]
     # "List everything in here" names no function; after ls ran, ls is marked and END counts it
     assert second.evidence["candidate_features"]["ls"] == [
-        "ls -> ls", "name-overlap=0", "doc-overlap=1", "called-this-turn"]
+        "ls -> ls", "name-overlap=0", "doc-overlap=1", "called-this-turn", *words]
     assert second.evidence["candidate_features"]["<end_of_turn>"][1] == "end-after=1"
     # nothing of the resolved branch: the same features whatever the trace chose next
     assert set(first.evidence) == {"turn", "candidate_features"}

@@ -44,10 +44,12 @@ class DepthBudget(FillBudget):
 class Ranked:
     """A fillable candidate and its rank in the predictor's whole ranking (unfillable ones,
     such as an end-of-turn marker, keep their places, so a rank means the same whatever the
-    branch offered)."""
+    branch offered). ``confidence``: the predictor's own probability for it, when the
+    predictor learns calibrated ones (:meth:`~dynbranch.predictors.base.Predictor.confidences`)."""
 
     name: str
     rank: int
+    confidence: float | None = None
 
 
 FillEnded = Callable[["Fill"], Awaitable[None]]

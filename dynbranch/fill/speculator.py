@@ -158,7 +158,9 @@ class Speculator(BranchHook):
 
     async def _fill(self, session: BranchSession, ranking: Sequence[str], *,
                     at_once: bool = False) -> None:
-        ranked = [Ranked(c, r) for r, c in enumerate(ranking) if session.fillable(c)]
+        probs = self.predictor.confidences(BranchContext.of(session.request_id, session.point))
+        ranked = [Ranked(c, r, None if probs is None else probs.get(c))
+                  for r, c in enumerate(ranking) if session.fillable(c)]
         if at_once:
             choices = await self.policy.decide(session, ranked)
             if choices is None:

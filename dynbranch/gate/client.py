@@ -97,6 +97,7 @@ def apply_learning(gate: Gate, observations: Sequence[Observation],
                    settlements: Sequence[Settlement]) -> None:
     """Feed a batch of observations and settlements to ``gate`` (shared by every client)."""
     for o in observations:
-        gate.observe(o.stage_key, o.rank, selected=o.selected, usable=o.usable)
+        gate.observe(o.stage_key, o.rank, selected=o.selected, usable=o.usable,
+                     confidence=o.confidence)
     for s in settlements:
         gate.settle(s.coordinate, s.ret)

@@ -65,8 +65,12 @@ class Candidate:
     gain_ms: float
     shape: FillShape
     kv_blocks: int
+    confidence: float | None = None  # the predictor's own probability (selection_arm)
 
     def __post_init__(self) -> None:
+        if self.confidence is not None and not 0.0 <= self.confidence <= 1.0:
+            raise ValueError(f"candidate {self.name!r}: confidence {self.confidence} "
+                             "must be a probability")
         if self.rank < 0 or self.kv_blocks < 0 or not math.isfinite(self.gain_ms):
             raise ValueError(
                 f"candidate {self.name!r}: rank and kv_blocks must be >= 0 and gain finite "
@@ -153,6 +157,27 @@ class GateConfig:
         return cls(**values)
 
 
+CONFIDENCE_BINS = 10
+"""Selection arms per stage when the predictor reports probabilities (their deciles)."""
+
+
+def selection_arm(rank: int, confidence: float | None) -> int | str:
+    """Which selection posterior a candidate reads and teaches: its rank, or the decile of
+    the predictor's own probability when it reports one (``"p0"`` … ``"p9"``).
+
+    NOTE: DESIGN §3 keys pi_sel by rank only, as predictor scores are uncalibrated. A rank
+    mixes branches where the predictor is sure with branches where it is not: on Routing's
+    router branches half the decisions end the turn, and the logit model's second-ranked
+    function is chosen 12 % of the time over all branches, but 4 % when its probability is
+    under 0.1 and 24 % when it is 0.2-0.3 (``dynbranch.predictors.logit``). Keying by the
+    decile keeps C3's rule (a Beta learnt online from what was chosen, read through
+    Bayes-UCB; the probability itself is never used as p) while letting it tell the two
+    apart. Routing, ``table2``'s c2 cell (300 requests at 1 req/s): see the README."""
+    if confidence is None:
+        return rank
+    return f"p{min(CONFIDENCE_BINS - 1, int(confidence * CONFIDENCE_BINS))}"
+
+
 @dataclass
 class _SelArm:
     """pi_sel at one (stage_key, rank), and how many admission decisions read it."""
@@ -179,7 +204,7 @@ class Gate:
             config.name, model.budget.total_spec_kv_blocks if capacity is None else capacity
         )
         self._rng = random.Random(config.seed)
-        self._sel: dict[tuple[str, int], _SelArm] = {}
+        self._sel: dict[tuple[str, int | str], _SelArm] = {}
         self._use: dict[str, BetaPosterior] = {}
         self._returns: dict[str, ReturnStats] = {}
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
@@ -341,7 +366,7 @@ class Gate:
         teaches pi_use nothing). Counting ``ucb_t0`` decisions before the first starts the
         level at the prior median (0.5 for t0 = 1) and lets it rise towards 1 as 1 - 1/t.
         """
-        arm = self._sel_arm(c.stage_key, c.rank)
+        arm = self._sel_arm(c.stage_key, selection_arm(c.rank, c.confidence))
         arm.decisions += 1
         level = bayes_ucb_level(
             arm.decisions + self.config.ucb_t0, self.config.ucb_c, self.config.ucb_horizon
@@ -401,7 +426,8 @@ class Gate:
         return freed
 
     def observe(
-        self, stage_key: str, rank: int, selected: bool, usable: bool | None = None
+        self, stage_key: str, rank: int, selected: bool, usable: bool | None = None,
+        confidence: float | None = None,
     ) -> None:
         """Learn from a resolved branch, once per candidate the predictor proposed.
 
@@ -409,12 +435,12 @@ class Gate:
         ``usable``: for a selected candidate that was filled, whether the fill's result was
         usable in time (teaches ``pi_use``); None when it was not filled or not selected.
         """
-        self._sel_arm(stage_key, rank).posterior.update(selected)
+        self._sel_arm(stage_key, selection_arm(rank, confidence)).posterior.update(selected)
         if selected and usable is not None:
             self._use_posterior(stage_key).update(usable)
         self.counters["observations"] += 1
 
-    def _sel_arm(self, stage_key: str, rank: int) -> _SelArm:
+    def _sel_arm(self, stage_key: str, rank: int | str) -> _SelArm:
         arm = self._sel.get((stage_key, rank))
         if arm is None:
             arm = self._sel[(stage_key, rank)] = _SelArm(BetaPosterior(*self.config.sel_prior))

@@ -148,7 +148,7 @@ class PricedPolicy(FillPolicy):
             await self._observe_load(session)
         now = session.now()
         stage_key = _stage_key(session)
-        candidates = [self._candidate(stage_key, c.name, c.rank) for c in ranked]
+        candidates = [self._candidate(stage_key, c) for c in ranked]
         decision = await self.gate.decide(str(session.point.coordinate), candidates,
                                           self.envelope.priced(now), now)
         if not decision.generation.open:
@@ -165,7 +165,7 @@ class PricedPolicy(FillPolicy):
         entry.ranked = list(ranked)
         await self._observe_load(session)
         now = session.now()
-        candidates = [self._candidate(entry.stage_key, c.name, c.rank) for c in entry.ranked]
+        candidates = [self._candidate(entry.stage_key, c) for c in entry.ranked]
         admissions = await self.gate.admit(str(session.point.coordinate), candidates,
                                            self.envelope.priced(now), now)
         return self._choices(entry, admissions)
@@ -182,10 +182,10 @@ class PricedPolicy(FillPolicy):
                 self.counts["refused"] += 1
         return choices
 
-    def _candidate(self, stage_key: str, name: str, rank: int) -> Candidate:
+    def _candidate(self, stage_key: str, ranked: Ranked) -> Candidate:
         shape = self._shape(stage_key)
-        return Candidate(name, rank, stage_key, self._gain_ms(stage_key), shape,
-                         shape.kv_blocks(self.budget.block_size))
+        return Candidate(ranked.name, ranked.rank, stage_key, self._gain_ms(stage_key), shape,
+                         shape.kv_blocks(self.budget.block_size), ranked.confidence)
 
     def _gain_ms(self, stage_key: str) -> float:
         window = self._window.get(stage_key)
@@ -238,7 +238,8 @@ class PricedPolicy(FillPolicy):
             fill = fills.get(c.name)
             selected = c.name in entry.chosen
             usable = fill.consumed if (fill is not None and selected) else None
-            observations.append(Observation(entry.stage_key, c.rank, selected, usable))
+            observations.append(
+                Observation(entry.stage_key, c.rank, selected, usable, c.confidence))
         saved = waits = cost = 0.0
         for fill in entry.session.fills:
             self._learn_from(entry.stage_key, fill)

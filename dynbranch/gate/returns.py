@@ -56,6 +56,7 @@ class Observation:
     rank: int
     selected: bool
     usable: bool | None = None
+    confidence: float | None = None  # the predictor's own probability, if it reported one
 
 
 @dataclass(frozen=True)

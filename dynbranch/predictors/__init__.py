@@ -5,7 +5,8 @@ consumption rate per rank online. A predictor sees a :class:`BranchContext` buil
 workflow's :class:`~dynbranch.workflow.BranchPoint` and, after the branch resolves, is told
 what was chosen so it can learn for later branches (never for this one).
 
-Built: ``frequency`` (next-stage frequency model over a coordinate's history; Routing, HCI),
+Built: ``frequency`` (next-stage frequency model over a coordinate's history; HCI),
+``logit`` (the same tokens weighed by a conditional logit learned online; Routing),
 ``entity`` (the entities the question, the previous hop's observation and passages name;
 ReAct), ``subtopic`` (sub-topics remembered, written from the question's names and
 relations, and chained through remembered answers; Sub-Agent) and ``recall`` (earlier
@@ -23,6 +24,7 @@ from dynbranch.predictors.base import BranchContext, DraftingPredictor, Predicto
 
 PREDICTORS = {
     "frequency": ("dynbranch.predictors.frequency", "FrequencyPredictor"),
+    "logit": ("dynbranch.predictors.logit", "LogitPredictor"),
     "entity": ("dynbranch.predictors.entity", "EntityRanker"),
     "recall": ("dynbranch.predictors.recall", "RecallPredictor"),
     "drafter": ("dynbranch.predictors.drafter", "DrafterPredictor"),

@@ -39,6 +39,14 @@ class Predictor(ABC):
     def observe(self, ctx: BranchContext, chosen: tuple[str, ...]) -> None:
         """Learn from a resolved branch (default: nothing to learn)."""
 
+    def confidences(self, ctx: BranchContext) -> Mapping[str, float] | None:
+        """The predictor's own choice probability per candidate, for a predictor whose
+        scores are probabilities it learnt (default: ``None``, only the ordering counts).
+
+        C3 does not read them as probabilities: it keys its learnt selection rates by
+        their decile instead of by rank (:func:`dynbranch.gate.gate.selection_arm`)."""
+        return None
+
 
 class DraftingPredictor(Predictor):
     """A predictor that drafts on engines: it ranks by sampling a draft model through

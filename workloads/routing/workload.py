@@ -72,6 +72,7 @@ class RoutingWorkload(Workload):
 
     name = "routing"
     template = TEMPLATE
+    predictor = "logit"  # NOTE: the frequency model ranks the end of the turn first nearly always
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ from dynbranch.gate.client import BranchDecision
 
 def encode_observation(o: Observation) -> list:
     """A learning observation as a row."""
-    return [o.stage_key, o.rank, o.selected, o.usable]
+    return [o.stage_key, o.rank, o.selected, o.usable, o.confidence]
 
 
 def decode_observation(row: list) -> Observation:
@@ -43,13 +43,14 @@ def encode_candidate(c: Candidate) -> list:
         c.gain_ms,
         [s.prompt_tokens, s.output_tokens, s.context_tokens],
         c.kv_blocks,
+        c.confidence,
     ]
 
 
 def decode_candidate(row: list) -> Candidate:
     """The inverse of :func:`encode_candidate`."""
-    name, rank, stage_key, gain_ms, shape, kv_blocks = row
-    return Candidate(name, rank, stage_key, gain_ms, FillShape(*shape), kv_blocks)
+    name, rank, stage_key, gain_ms, shape, kv_blocks, *confidence = row  # NOTE: older journals
+    return Candidate(name, rank, stage_key, gain_ms, FillShape(*shape), kv_blocks, *confidence)
 
 
 def encode_receipt(r: Reservation) -> list:
