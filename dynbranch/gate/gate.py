@@ -110,7 +110,7 @@ class GateConfig:
     fanout: int = 2
     kv_budget_blocks: int | None = None  # global reservation capacity (None: the budget's)
     branch_kv_blocks: int | None = None  # per branch entry (None: no cap below the global)
-    audit_rate: float = 0.02  # Action 1: chance a refused candidate is admitted anyway
+    audit_rate: float = 0.02  # Action 1: chance a call admits its best refused candidate anyway
     generation_audit_rate: float = 0.05  # Action 0: chance a closed coordinate opens anyway
     seed: int = 0
     ucb_c: float = 0.0  # Bayes-UCB exponent c (Kaufmann et al. use c = 0 in practice)
@@ -336,27 +336,36 @@ class Gate:
         view: LoadView,
         now: float,
     ) -> None:
-        """Seeded audits: admit a policy-refused candidate now and then, if it still fits.
+        """Seeded audits: now and then admit the refused candidate closest to passing.
+
+        One draw per call with a refused candidate: at rate ``audit_rate`` the refused
+        candidate of highest utility is admitted anyway, if it still fits.
+
+        NOTE: DESIGN §3 says audits *occasionally* admit a refused candidate so closed gates
+        keep learning. Drawn once per refused candidate instead, a Routing router branch
+        (18 candidates, most refused) was audited at a third of its branches: at 16 req/s,
+        with every priced fill refused, audits alone issued 436 fills (14 consumed) and
+        slowed the arm 7.9 % behind the floor. The candidate closest to passing is the one
+        whose rate is worth learning: a candidate far below its threshold teaches a rate
+        already known to be low.
 
         With ``idle_audits`` (a departure from DESIGN §3, off by default) the rate is scaled
         by the engines' idle share ``1 - busy``: an audit is an exploration fill the price
         refused, cheap on idle engines and pure queueing on saturated ones.
 
-        NOTE: one draw per refused candidate, in input order, whether or not it then fits:
-        the RNG stream depends only on the decisions, so runs replay exactly.
+        NOTE: one draw per call that refused something, whether or not the candidate then
+        fits: the RNG stream depends only on the decisions, so runs replay exactly.
         """
         rate = self.config.audit_rate * ((1.0 - view.busy) if self.config.idle_audits else 1.0)
-        for c in candidates:
-            if decided[c.name].reason != self._policy.refusal:
-                continue
-            if not self._draw(rate) or len(admitted) >= self.config.fanout:
-                continue
-            receipt = self._reserve(coordinate, c, admitted, now)
-            if receipt is not None:
-                decided[c.name] = replace(
-                    decided[c.name], reason=AUDIT, audit=True, reservation=receipt
-                )
-                admitted.append(c)
+        refused = [c for c in candidates if decided[c.name].reason == self._policy.refusal]
+        if not refused or not self._draw(rate) or len(admitted) >= self.config.fanout:
+            return
+        c = max(refused, key=lambda r: (decided[r.name].utility_ms, -r.rank))
+        receipt = self._reserve(coordinate, c, admitted, now)
+        if receipt is not None:
+            decided[c.name] = replace(decided[c.name], reason=AUDIT, audit=True,
+                                      reservation=receipt)
+            admitted.append(c)
 
     def _optimistic(self, c: Candidate) -> tuple[float, float]:
         """``(p~_sel, p_use)`` for a candidate; counts one decision at its key.
