@@ -181,7 +181,7 @@ def test_a_value_with_frozen_parts_renders_the_text_of_the_plain_value(items, fr
     from dynbranch.canonical import freeze
     from dynbranch.workflow import as_text
 
-    mixed = [freeze(v) if f else v for v, f in zip(items, frozen_at)]
+    mixed = [freeze(v) if f else v for v, f in zip(items, frozen_at, strict=False)]
     plain = json.dumps(items, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
     assert as_text(mixed) == as_text(tuple(mixed)) == as_text(items) == plain
     assert as_text(mixed) == plain  # the kept texts, read a second time

@@ -67,7 +67,7 @@ class LogitPredictor(FrequencyPredictor):
         top = max(scores)
         exps = [math.exp(s - top) for s in scores]
         total = math.fsum(exps)
-        return {c: e / total for c, e in zip(candidates, exps)}
+        return {c: e / total for c, e in zip(candidates, exps, strict=True)}
 
     def confidences(self, ctx: BranchContext) -> dict[str, float]:
         """:meth:`probabilities`: learnt by maximum likelihood, so they are calibrated on

@@ -10,8 +10,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from dynbranch.datasets import read_jsonl
 from dynbranch.canonical import freeze
+from dynbranch.datasets import read_jsonl
 from dynbranch.errors import MalformedRecordError
 
 ROLES = ("user", "system", "assistant")
