@@ -53,7 +53,7 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eviction", default="lru", choices=["lru", "cost"],
                    help="C1 store eviction policy")
     p.add_argument("--predictor", default=None,
-                   help="frequency | entity | recall | drafter (default: the workload's)")
+                   help="frequency | logit | entity | subtopic | recall | drafter (default: the workload's)")
     p.add_argument("--drafter-profile", default="qwen3-0.6b@h200",
                    help="--predictor drafter: the sim drafter engine's profile")
     p.add_argument("--drafter-model", default=None,
