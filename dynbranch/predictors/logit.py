@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
+from typing import Any
 
 from dynbranch.predictors.base import BranchContext
 from dynbranch.predictors.frequency import FEATURES_KEY, FrequencyPredictor
@@ -50,20 +51,43 @@ class LogitPredictor(FrequencyPredictor):
         if not learning_rate > 0 or not l2 >= 0:
             raise ValueError(f"learning_rate {learning_rate} must be > 0 and l2 {l2} >= 0")
         self.learning_rate, self.l2 = learning_rate, l2
-        self._weights: dict[tuple[Hashable, str], float] = {}
-        self._squares: dict[tuple[Hashable, str], float] = {}
+        self._weights: dict[Hashable, dict[str, float]] = {}  # stage -> token -> weight
+        self._squares: dict[Hashable, dict[str, float]] = {}  # AdaGrad's sums of squares
+        self._version = 0  # bumped by every learning step
+        # NOTE: the last branch scored, so C2's rank and confidences calls on one branch
+        # score it once; held by its evidence object (compared by identity) and version.
+        self._last: tuple[Any, Hashable, int, list[str], list[float]] | None = None
+
+    def _scored(self, ctx: BranchContext) -> tuple[list[str], list[float]]:
+        stage = self._stage(ctx)
+        last = self._last
+        if (last is not None and last[0] is ctx.evidence and last[1] == (ctx.request_id, stage,
+                ctx.coordinate, tuple(ctx.candidates)) and last[2] == self._version):
+            return last[3], last[4]
+        candidates = list(dict.fromkeys(ctx.candidates))
+        weights = self._weights.get(stage, {})
+        scores = [sum(weights.get(t, 0.0) for t in self.tokens(ctx, c)) for c in candidates]
+        self._last = (ctx.evidence, (ctx.request_id, stage, ctx.coordinate,
+                                     tuple(ctx.candidates)), self._version, candidates, scores)
+        return candidates, scores
 
     def score(self, ctx: BranchContext, candidate: str) -> float:
         """The sum of the candidate's token weights at this stage (0.0 before learning)."""
-        stage, weights = self._stage(ctx), self._weights
-        return sum(weights.get((stage, t), 0.0) for t in self.tokens(ctx, candidate))
+        weights = self._weights.get(self._stage(ctx), {})
+        return sum(weights.get(t, 0.0) for t in self.tokens(ctx, candidate))
+
+    def rank(self, ctx: BranchContext, k: int) -> list[str]:
+        if k <= 0:
+            return []
+        candidates, scores = self._scored(ctx)
+        order = sorted(range(len(candidates)), key=lambda i: (-scores[i], i))
+        return [candidates[i] for i in order[:k]]
 
     def probabilities(self, ctx: BranchContext) -> dict[str, float]:
         """The model's choice probabilities over the branch's candidates (sum to 1)."""
-        candidates = list(dict.fromkeys(ctx.candidates))
+        candidates, scores = self._scored(ctx)
         if not candidates:
             return {}
-        scores = [self.score(ctx, c) for c in candidates]
         top = max(scores)
         exps = [math.exp(s - top) for s in scores]
         total = math.fsum(exps)
@@ -82,14 +106,17 @@ class LogitPredictor(FrequencyPredictor):
         if not taken:
             return  # nothing offered was chosen: no likelihood to raise
         stage, target = self._stage(ctx), 1.0 / len(taken)
-        gradient: dict[tuple[Hashable, str], float] = {}
+        gradient: dict[str, float] = {}
         for candidate, p in probs.items():
             residual = (target if candidate in taken else 0.0) - p
             for token in self.tokens(ctx, candidate):
-                key = (stage, token)
-                gradient[key] = gradient.get(key, 0.0) + residual
-        weights, squares = self._weights, self._squares
-        for key, g in gradient.items():
-            g -= self.l2 * weights.get(key, 0.0)
-            squares[key] = squares.get(key, 1e-8) + g * g
-            weights[key] = weights.get(key, 0.0) + self.learning_rate * g / math.sqrt(squares[key])
+                gradient[token] = gradient.get(token, 0.0) + residual
+        weights = self._weights.setdefault(stage, {})
+        squares = self._squares.setdefault(stage, {})
+        rate, l2, sqrt = self.learning_rate, self.l2, math.sqrt
+        for token, g in gradient.items():
+            w = weights.get(token, 0.0)
+            g -= l2 * w
+            sq = squares[token] = squares.get(token, 1e-8) + g * g
+            weights[token] = w + rate * g / sqrt(sq)
+        self._version += 1
