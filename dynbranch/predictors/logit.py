@@ -101,17 +101,23 @@ class LogitPredictor(FrequencyPredictor):
     def observe(self, ctx: BranchContext, chosen: tuple[str, ...]) -> None:
         """One gradient step towards what was chosen."""
         self.observed += 1
-        probs = self.probabilities(ctx)
-        taken = [c for c in dict.fromkeys(chosen) if c in probs]
+        stage = self._stage(ctx)
+        candidates = list(dict.fromkeys(ctx.candidates))
+        taken = [c for c in dict.fromkeys(chosen) if c in candidates]
         if not taken:
             return  # nothing offered was chosen: no likelihood to raise
-        stage, target = self._stage(ctx), 1.0 / len(taken)
-        gradient: dict[str, float] = {}
-        for candidate, p in probs.items():
-            residual = (target if candidate in taken else 0.0) - p
-            for token in self.tokens(ctx, candidate):
-                gradient[token] = gradient.get(token, 0.0) + residual
         weights = self._weights.setdefault(stage, {})
+        tokens = [self.tokens(ctx, c) for c in candidates]
+        scores = [sum(weights.get(t, 0.0) for t in toks) for toks in tokens]
+        top = max(scores)
+        exps = [math.exp(s - top) for s in scores]
+        total = math.fsum(exps)
+        target = 1.0 / len(taken)
+        gradient: dict[str, float] = {}
+        for candidate, toks, e in zip(candidates, tokens, exps, strict=True):
+            residual = (target if candidate in taken else 0.0) - e / total
+            for token in toks:
+                gradient[token] = gradient.get(token, 0.0) + residual
         squares = self._squares.setdefault(stage, {})
         rate, l2, sqrt = self.learning_rate, self.l2, math.sqrt
         for token, g in gradient.items():
