@@ -270,7 +270,8 @@ def test_router_evidence_holds_branch_time_features_only():
                    if len(w) >= 3})
     words = [f"word:{w}>ls" for w in said]  # the turn's words, crossed with the candidate
     assert features["ls"] == ["<turn start> -> ls", "name-overlap=0", "doc-overlap=1", *words]
-    assert features["<end_of_turn>"] == ["<turn start> -> <end_of_turn>", "end-after=0"]
+    assert features["<end_of_turn>"] == [
+        "<turn start> -> <end_of_turn>", "end-after=0", *(f"word:{w}>end-after=0" for w in said)]
     # "List everything in here" names no function; after ls ran, ls is marked and END counts it
     assert second.evidence["candidate_features"]["ls"] == [
         "ls -> ls", "name-overlap=0", "doc-overlap=1", "called-this-turn", *words]

@@ -217,7 +217,9 @@ class RoutingRequest(RequestInstance):
         * ``"word:<w>><candidate>"``, for each word the turn says: which words tend to ask
           for which function (a model that weighs tokens learns it from the train split:
           the logit predictor's fillable top-1 on the test split 0.667 -> 0.712);
-        * for :data:`END_OF_TURN`, ``"end-after=n"``: calls made in this turn so far (0-3).
+        * for :data:`END_OF_TURN`, ``"end-after=n"``: calls made in this turn so far (0-3),
+          and ``"word:<w>>end-after=n"`` for each word the turn says (which requests are
+          done after n calls: the logit predictor's top-1 0.720 -> 0.744).
         """
         previous = _name(executed[-1].call) if executed else "<turn start>"
         said = {w[:4] for w in re.findall(r"[a-z0-9]+", turn.lower()) if len(w) >= 3}
@@ -229,6 +231,7 @@ class RoutingRequest(RequestInstance):
             listed = [f"{previous} -> {c}"]
             if c == END_OF_TURN:
                 listed.append(f"end-after={min(len(executed), 3)}")
+                listed.extend(f"word:{w}>end-after={min(len(executed), 3)}" for w in sorted(said))
             else:
                 listed.append(f"name-overlap={min(3, len(_name_words(c) & said))}")
                 listed.append(f"doc-overlap={min(4, doc[c])}")
