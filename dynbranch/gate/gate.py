@@ -172,7 +172,9 @@ def selection_arm(rank: int, confidence: float | None) -> int | str:
     under 0.1 and 24 % when it is 0.2-0.3 (``dynbranch.predictors.logit``). Keying by the
     decile keeps C3's rule (a Beta learnt online from what was chosen, read through
     Bayes-UCB; the probability itself is never used as p) while letting it tell the two
-    apart. Routing, ``table2``'s c2 cell (300 requests at 1 req/s): see the README."""
+    apart. Measured on Routing's ``table2`` c2 cell (300 requests at 1 req/s, 4 engines,
+    the logit predictor before it read the turn's words): by rank, c2 −7.6 % against the
+    floor (1,961 fills, 333 consumed); by decile −10.8 % (1,286 fills, 344 consumed)."""
     if confidence is None:
         return rank
     return f"p{min(CONFIDENCE_BINS - 1, int(confidence * CONFIDENCE_BINS))}"
