@@ -147,6 +147,7 @@ def plot(points: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     sweeps = [s for s in ("requests", "engines", "rate", "engines-ray")
               if any(p["sweep"] == s for p in points)]
@@ -166,6 +167,13 @@ def plot(points: list[dict], path: Path) -> None:
         axes[1][j].set_xlabel(key)
         for a in axes[:, j]:
             a.grid(alpha=0.3)
+            # NOTE: ticks at the measured points only, as plain numbers: a log axis spanning
+            # less than two decades otherwise prints overlapping minor labels
+            a.set_xticks(xs, [f"{x:g}" for x in xs])
+            a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        top = axes[0][j]  # the same for the seconds: the measured walls, one decimal
+        top.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        top.set_yticks(sorted(set(walls)), [f"{w:.1f}" for w in sorted(set(walls))])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
