@@ -88,7 +88,31 @@ class Normalised:
         self.value = value
 
 
-class FrozenMap(dict):
+class _Frozen:
+    """What :class:`FrozenMap` and :class:`FrozenList` share: refusing change, a kept prompt
+    text, and being their own copy (they cannot change, so a copy could only waste memory)."""
+
+    __slots__ = ()
+
+    def text(self, render: Callable[[Any], str]) -> str:
+        """``render(self)``, kept for the next call with the same ``render``."""
+        return _kept_text(self, render)  # type: ignore[arg-type]
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        plain = "dict" if isinstance(self, dict) else "list"
+        raise TypeError(f"a {type(self).__name__} cannot be changed; copy it with {plain}(...) first")
+
+    def __copy__(self) -> Any:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return self
+
+    def __hash__(self) -> int:
+        raise TypeError(f"unhashable type: {type(self).__name__!r}")
+
+
+class FrozenMap(_Frozen, dict):
     """A deeply immutable mapping that walks itself into canonical form once.
 
     A ``dict`` to every reader (JSON rendering, equality, ``in``, iteration), but it refuses
@@ -110,30 +134,14 @@ class FrozenMap(dict):
             self._normal = _normal_map(self)
         return self._normal
 
-    def text(self, render: Callable[[Any], str]) -> str:
-        """``render(self)``, kept for the next call with the same ``render``."""
-        return _kept_text(self, render)
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("a FrozenMap cannot be changed; copy it with dict(...) first")
-
-    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _refuse  # type: ignore[assignment]
-    __ior__ = _refuse  # type: ignore[assignment]
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _Frozen._refuse  # type: ignore[assignment]
+    __ior__ = _Frozen._refuse  # type: ignore[assignment]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenMap, (dict(self),))
 
-    def __copy__(self) -> FrozenMap:
-        return self
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenMap:
-        return self
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        raise TypeError("unhashable type: 'FrozenMap'")
-
-
-class FrozenList(list):
+class FrozenList(_Frozen, list):
     """A deeply immutable sequence that keeps its canonical form (see :class:`FrozenMap`);
     a ``list`` to every reader, so it compares equal to the list it was frozen from."""
 
@@ -149,27 +157,11 @@ class FrozenList(list):
             self._normal = [_normal(v) for v in self]
         return self._normal
 
-    def text(self, render: Callable[[Any], str]) -> str:
-        """``render(self)``, kept for the next call with the same ``render``."""
-        return _kept_text(self, render)
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("a FrozenList cannot be changed; copy it with list(...) first")
-
-    __setitem__ = __delitem__ = append = extend = insert = pop = remove = _refuse  # type: ignore[assignment]
-    sort = reverse = clear = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+    __setitem__ = __delitem__ = append = extend = insert = pop = remove = _Frozen._refuse  # type: ignore[assignment]
+    sort = reverse = clear = __iadd__ = __imul__ = _Frozen._refuse  # type: ignore[assignment]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenList, (list(self),))
-
-    def __copy__(self) -> FrozenList:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenList:
-        return self
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        raise TypeError("unhashable type: 'FrozenList'")
 
 
 def _kept_text(frozen: FrozenMap | FrozenList, render: Callable[[Any], str]) -> str:
