@@ -87,12 +87,7 @@ class LogitPredictor(FrequencyPredictor):
     def probabilities(self, ctx: BranchContext) -> dict[str, float]:
         """The model's choice probabilities over the branch's candidates (sum to 1)."""
         candidates, scores = self._scored(ctx)
-        if not candidates:
-            return {}
-        top = max(scores)
-        exps = [math.exp(s - top) for s in scores]
-        total = math.fsum(exps)
-        return {c: e / total for c, e in zip(candidates, exps, strict=True)}
+        return dict(zip(candidates, _softmax(scores), strict=True))
 
     def confidences(self, ctx: BranchContext) -> dict[str, float]:
         """:meth:`probabilities`: learnt by maximum likelihood, so they are calibrated on
@@ -110,13 +105,10 @@ class LogitPredictor(FrequencyPredictor):
         weights = self._weights.setdefault(stage, {})
         tokens = [self.tokens(ctx, c) for c in candidates]
         scores = [sum(weights.get(t, 0.0) for t in toks) for toks in tokens]
-        top = max(scores)
-        exps = [math.exp(s - top) for s in scores]
-        total = math.fsum(exps)
         target = 1.0 / len(taken)
         gradient: dict[str, float] = {}
-        for candidate, toks, e in zip(candidates, tokens, exps, strict=True):
-            residual = (target if candidate in taken else 0.0) - e / total
+        for candidate, toks, p in zip(candidates, tokens, _softmax(scores), strict=True):
+            residual = (target if candidate in taken else 0.0) - p
             for token in toks:
                 gradient[token] = gradient.get(token, 0.0) + residual
         squares = self._squares.setdefault(stage, {})
@@ -127,3 +119,13 @@ class LogitPredictor(FrequencyPredictor):
             sq = squares[token] = squares.get(token, 1e-8) + g * g
             weights[token] = w + rate * g / sqrt(sq)
         self._version += 1
+
+
+def _softmax(scores: list[float]) -> list[float]:
+    """Choice probabilities of ``scores`` (shifted by their maximum; empty for none)."""
+    if not scores:
+        return []
+    top = max(scores)
+    exps = [math.exp(s - top) for s in scores]
+    total = math.fsum(exps)
+    return [e / total for e in exps]
