@@ -45,12 +45,18 @@ from workloads.routing.tools import ApiTool, SchemaTool
 MAX_DECISIONS_PER_TURN = 64
 
 
-def _message(role: str, content: Any) -> Mapping[str, Any]:
-    """One conversation message, frozen where it can be (see :attr:`ExecutedCall.entry`)."""
+def _frozen(value: dict[str, Any]) -> Mapping[str, Any]:
+    """``value`` frozen, so its canonical form is walked once however many later stage
+    inputs carry it; as it is when it holds what cannot be frozen."""
     try:
-        return freeze({"role": role, "content": content})
+        return freeze(value)
     except TypeError:
-        return {"role": role, "content": content}
+        return value
+
+
+def _message(role: str, content: Any) -> Mapping[str, Any]:
+    """One conversation message (frozen where it can be)."""
+    return _frozen({"role": role, "content": content})
 
 
 @dataclass(frozen=True)
@@ -62,12 +68,8 @@ class ExecutedCall:
 
     @cached_property
     def entry(self) -> Mapping[str, Any]:
-        """The call and its result as stage inputs carry them (frozen where it can be, so
-        its canonical form is walked once however many later inputs carry it)."""
-        try:
-            return freeze({"call": self.call, "result": self.value})
-        except TypeError:
-            return {"call": self.call, "result": self.value}
+        """The call and its result as stage inputs carry them (frozen where it can be)."""
+        return _frozen({"call": self.call, "result": self.value})
 
 
 @dataclass
