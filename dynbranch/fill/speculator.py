@@ -145,7 +145,7 @@ class Speculator(BranchHook):
             # NOTE: ranking is synchronous and cheap, so it runs before Action 0 and the
             # gate answers both actions in one round trip; a closed entry's ranking is
             # simply not used (a drafter's ranking costs an engine call: it waits).
-            await self._fill(session, self.predictor.rank(ctx, k), at_once=True)
+            await self._fill(session, ctx, self.predictor.rank(ctx, k), at_once=True)
             return
         if not await self.policy.generation(session):
             return
@@ -154,11 +154,11 @@ class Speculator(BranchHook):
             self._drafts[session] = asyncio.create_task(
                 self._draft_and_fill(session, ctx, k), name=f"draft-{session.request_id}")
             return
-        await self._fill(session, self.predictor.rank(ctx, k))
+        await self._fill(session, ctx, self.predictor.rank(ctx, k))
 
-    async def _fill(self, session: BranchSession, ranking: Sequence[str], *,
-                    at_once: bool = False) -> None:
-        probs = self.predictor.confidences(BranchContext.of(session.request_id, session.point))
+    async def _fill(self, session: BranchSession, ctx: BranchContext, ranking: Sequence[str],
+                    *, at_once: bool = False) -> None:
+        probs = self.predictor.confidences(ctx)
         ranked = [Ranked(c, r, None if probs is None else probs.get(c))
                   for r, c in enumerate(ranking) if session.fillable(c)]
         if at_once:
@@ -190,7 +190,7 @@ class Speculator(BranchHook):
         self._admitting.add(session)
         self.drafting["drafts"] += 1
         self.drafting["samples"] += len(draft.samples)
-        await self._fill(session, draft.ranked)
+        await self._fill(session, ctx, draft.ranked)
 
     async def _stop_draft(self, session: BranchSession) -> asyncio.Task | None:
         """End ``session``'s draft: cancel it while it drafts, let it finish admitting (so
