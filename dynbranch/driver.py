@@ -257,7 +257,9 @@ def run_replay(prepared: Prepared, backend: Backend | None = None, *,
     cancelled into ``interrupted`` records and the results are written, with ``interrupted``
     set in the summary. A backend that fails to shut down is reported, never lets the results
     go unwritten. Unless ``keep_log``, stage and branch records leave memory once streamed
-    (the returned orchestrator's log then holds none): a long run's memory stays flat.
+    (the returned orchestrator's log then holds none) and the launcher takes the request
+    instances over, letting each go when its request ends (``prepared.instances`` is empty
+    afterwards): a long run keeps nothing per finished request but its request row.
     """
     from dynbranch.results import report, summarize
 
@@ -381,9 +383,12 @@ async def _launch(prepared: Prepared, orch: Orchestrator, stream: ResultStream,
             bar.set_postfix(failed=failed, refresh=False)
         bar.update(1)
 
-    launcher = Launcher(orch, prepared.clock, prepared.instances, prepared.arrivals,
+    instances, release = prepared.instances, not stream.keep
+    if release:  # NOTE: handed over, so a finished request's instance can be let go
+        instances, prepared.instances = list(instances), ()
+    launcher = Launcher(orch, prepared.clock, instances, prepared.arrivals,
                         prepared.options.admission, default_tenant=cfg.tenant,
-                        finished=finished, interruption=interruption)
+                        finished=finished, interruption=interruption, release=release)
     try:
         return await launcher.run()
     finally:

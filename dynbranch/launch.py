@@ -88,6 +88,10 @@ class Launcher:
 
     ``finished`` hears of every record as soon as it exists (the result stream, the
     progress bar); ``default_tenant`` is the tenant when ``admission.tenants`` is 1.
+
+    With ``release`` the launcher owns ``instances`` (a list it may change): a request's
+    instance is dropped from it once the request has ended, so what a finished request
+    held (its conversation, its outcome) does not stay in memory for the rest of the run.
     """
 
     def __init__(
@@ -101,9 +105,14 @@ class Launcher:
         default_tenant: str = "default",
         finished: Callable[[RequestRecord], None] = lambda _r: None,
         interruption: Interruption | None = None,
+        release: bool = False,
     ) -> None:
         if len(instances) != len(arrivals):
             raise ValueError(f"{len(instances)} instances for {len(arrivals)} arrivals")
+        if release and not isinstance(instances, list):
+            raise TypeError(f"release needs the instances as a list it owns, "
+                            f"not a {type(instances).__name__}")
+        self.release = release
         self.orch, self.clock, self.admission = orch, clock, admission
         self.instances, self.arrivals = instances, arrivals
         self.default_tenant, self._finished = default_tenant, finished
@@ -118,9 +127,9 @@ class Launcher:
         has ended (the requests in flight as ``interrupted`` records)."""
         t0 = self.orch.start_run()
         try:
-            for i, (instance, at) in enumerate(zip(self.instances, self.arrivals, strict=True)):
+            for i, at in enumerate(self.arrivals):
                 await self.clock.sleep_until(t0 + at)
-                self._arrive(i, instance, at)
+                self._arrive(i, self.instances[i], at)
             while self._running:
                 await asyncio.wait([task for task, _start in self._running.values()])
         except asyncio.CancelledError:
@@ -215,4 +224,6 @@ class Launcher:
 
     def _end(self, i: int, record: RequestRecord) -> None:
         self._records[i] = record
+        if self.release:
+            self.instances[i] = None  # type: ignore[index]
         self._finished(record)

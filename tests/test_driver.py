@@ -1,6 +1,8 @@
 """The replay driver end to end: results files, bad input refused before a run, determinism."""
 
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import pandas as pd
@@ -81,6 +83,23 @@ def test_a_run_that_forgets_streamed_rows_writes_the_same_results(tmp_path):
     assert list(rows.reuse_name) == [s.reuse_name for s in kept.orchestrator.log.stages]
     branches = pd.read_parquet(tmp_path / "kept" / "branches.parquet")
     assert list(branches.opened_at) == [br.opened_at for br in kept.orchestrator.log.branches]
+
+
+def test_a_lean_run_lets_each_finished_request_instance_go(tmp_path):
+    """keep_log=False hands the instances to the launcher, which drops each when its request
+    ends: none outlives the run (a long run keeps no finished request's state); a run that
+    keeps its log keeps them too, in ``prepared.instances``."""
+    lean = prepare(_cfg(tmp_path, out=tmp_path / "lean", arm="full"), lambda _m: None)
+    refs = [weakref.ref(i) for i in lean.instances]
+    result = run_replay(lean, keep_log=False)
+    gc.collect()
+    assert result.summary["completed"] == 12 and lean.instances == ()
+    assert [r for r in refs if r() is not None] == []
+    kept = prepare(_cfg(tmp_path, out=tmp_path / "kept", arm="full"), lambda _m: None)
+    refs = [weakref.ref(i) for i in kept.instances]
+    run_replay(kept)
+    gc.collect()
+    assert all(r() is not None for r in refs) and len(kept.instances) == 12
 
 
 @pytest.mark.parametrize("kw,error,match", [

@@ -58,6 +58,12 @@ class BranchSession:
         return await self._runner.executor.pool.serving_loads()
 
     @property
+    def load_reader(self) -> Callable[[], Awaitable[list[LoadSnapshot]]]:
+        """:meth:`loads` without the session, for what outlives its request (a load probe
+        holding the session would keep the request's whole state alive)."""
+        return self._runner.executor.pool.serving_loads
+
+    @property
     def draft(self) -> Generate | None:
         """One prediction call on the run's drafter engines (``None``: the run has none)."""
         pool = self._runner.executor.pool

@@ -29,11 +29,12 @@ ran under, and ``Ŵ_b`` the time canonical stages waited on those fills, served 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dynbranch.engines.profile import load_profile
+from dynbranch.engines.protocol import LoadSnapshot
 from dynbranch.fill import BranchSession, Fill, FillChoice, FillPolicy, Ranked
 from dynbranch.gate import (
     Admission,
@@ -283,18 +284,23 @@ class PricedPolicy(FillPolicy):
     # -- load -----------------------------------------------------------------------------
 
     async def _observe_load(self, session: BranchSession) -> None:
-        snapshots = await session.loads()
-        self.envelope.observe(LoadView.from_snapshots(snapshots, self.budget), session.now())
+        await self._observe(session.load_reader)
+
+    async def _observe(self, loads: Callable[[], Awaitable[list[LoadSnapshot]]]) -> None:
+        snapshots = await loads()
+        self.envelope.observe(LoadView.from_snapshots(snapshots, self.budget),
+                              self.run.clock.now())
         self._load_seen = True
 
     def _start_probe(self, session: BranchSession) -> None:
         if self._probe is None or self._probe.done():
-            self._probe = asyncio.get_running_loop().create_task(self._probe_loop(session))
+            self._probe = asyncio.get_running_loop().create_task(
+                self._probe_loop(session.load_reader))
 
-    async def _probe_loop(self, session: BranchSession) -> None:
-        # NOTE: any session's accessors read the whole pool; the probe outlives its session.
+    async def _probe_loop(self, loads: Callable[[], Awaitable[list[LoadSnapshot]]]) -> None:
+        # NOTE: the pool's reader, not the session: the probe outlives the request.
         while True:
-            await self._observe_load(session)
+            await self._observe(loads)
             await self.run.clock.sleep(PROBE_S)
 
     def _entry(self, session: BranchSession, create: bool = True) -> _Entry | None:
