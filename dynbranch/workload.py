@@ -249,6 +249,11 @@ class Workload(ABC):
     def check_data(self, data: DataConfig) -> None:
         """Raise :class:`~dynbranch.errors.DataError` now if the data is missing or malformed."""
 
+    def split_size(self, data: DataConfig, split: str) -> int | None:
+        """How many records ``split`` holds: the distinct requests :meth:`requests` draws
+        before it repeats one (default: ``None``, not known)."""
+        return None
+
     @abstractmethod
     def requests(self, data: DataConfig, n: int, seed: int,
                  split: str = "test") -> Sequence[RequestInstance]:

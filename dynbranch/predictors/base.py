@@ -32,6 +32,11 @@ class Predictor(ABC):
 
     name: str
 
+    in_sample_on_train = False
+    """Whether ranking a train-split branch is in-sample: the predictor was fitted on the
+    train split or reads it as evidence, so its hit rates there overstate held-out ones
+    (C3 then learns nothing from its rankings of the train split)."""
+
     @abstractmethod
     def rank(self, ctx: BranchContext, k: int) -> list[str]:
         """Up to ``k`` candidates, best first, from ``ctx`` alone."""

@@ -187,6 +187,7 @@ class EntityRanker(Predictor):
     """Ranks the entities the question and the last hop name (see the module docstring)."""
 
     name = "entity"
+    in_sample_on_train = True  # NOTE: its weights were fitted on the train split
 
     def __init__(self, weights: RankerWeights | None = None) -> None:
         self.weights = weights or RankerWeights()

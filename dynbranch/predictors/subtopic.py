@@ -127,6 +127,7 @@ class SubtopicPredictor(Predictor):
     """Ranks sub-topics for a plan branch (see the module docstring)."""
 
     name = "subtopic"
+    in_sample_on_train = True  # NOTE: fitted on the train split, whose plans it reads as history
 
     def __init__(self, weights: SubtopicWeights | None = None) -> None:
         self.weights = weights or SubtopicWeights()

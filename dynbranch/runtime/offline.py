@@ -78,6 +78,7 @@ class OfflineContext:
     tenant: str = "default"
     stages: list[PrecomputedStage] = field(default_factory=list, init=False)
     branches: list[tuple[BranchPoint, tuple[str, ...]]] = field(default_factory=list, init=False)
+    opened: Callable[[BranchPoint], None] | None = None  # told of each branch as it opens
     _coordinate: str | None = field(default=None, init=False)
 
     @property
@@ -112,6 +113,8 @@ class OfflineContext:
     async def branch(self, point: BranchPoint) -> AsyncIterator[BranchResolution]:
         scope = BranchResolution()
         self._coordinate = str(point.coordinate)  # as the orchestrator labels stages
+        if self.opened is not None:
+            self.opened(point)  # NOTE: while it is open, as a live branch hook sees it
         yield scope
         if scope.chosen is None:
             raise RuntimeError(f"{self.request_id}: branch {point.coordinate} did not resolve")
@@ -129,8 +132,10 @@ class OfflineContext:
 
 
 async def precompute(instance: RequestInstance, generate: Generate = replay_generate, *,
-                     tenant: str = "default") -> Precomputed:
-    """Run ``instance`` to its end offline; any error of its program propagates."""
-    ctx = OfflineContext(instance, generate, tenant)
+                     tenant: str = "default",
+                     opened: Callable[[BranchPoint], None] | None = None) -> Precomputed:
+    """Run ``instance`` to its end offline; any error of its program propagates.
+    ``opened`` hears of each branch point while the branch is open (before it resolves)."""
+    ctx = OfflineContext(instance, generate, tenant, opened)
     outcome = await instance.run(ctx)
     return Precomputed(instance.request_id, outcome, tuple(ctx.stages), tuple(ctx.branches))

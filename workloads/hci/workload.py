@@ -140,6 +140,9 @@ class HCIWorkload(Workload):
             raise ConfigError(f"split {split!r}: choose from {list(SPLITS)}")
         return list(self.load(data).episodes[split])
 
+    def split_size(self, data: DataConfig, split: str) -> int:
+        return len(self.episodes(data, split))
+
     def usability(self, data: DataConfig) -> Usability:
         """How many joined pairs each usability rule kept or dropped, per split."""
         return self.load(data).usability

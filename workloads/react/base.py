@@ -48,6 +48,9 @@ class MusiqueWorkload(Workload):
             raise ConfigError(f"split {split!r}: choose from {list(SPLITS)}")
         return in_split(self.load(data).records, split)
 
+    def split_size(self, data: DataConfig, split: str) -> int:
+        return len(self.records(data, split))
+
     def pool(self, data: DataConfig, n: int, split: str) -> list[MusiqueRecord]:
         """The split's records to draw ``n`` requests from (typed errors when it cannot)."""
         if n < 0:

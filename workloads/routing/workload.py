@@ -132,6 +132,9 @@ class RoutingWorkload(Workload):
         return [r for r in self.load(data).all()
                 if split_of(r.id) == split and r.id not in EXCLUDED]
 
+    def split_size(self, data: DataConfig, split: str) -> int:
+        return len(self.records(data, split))
+
     def requests(
         self, data: DataConfig, n: int, seed: int, split: str = "test"
     ) -> Sequence[RoutingRequest]:
