@@ -229,10 +229,10 @@ class PricedPolicy(FillPolicy):
         the candidates the predictor ranked at each (one batched call).
 
         NOTE: DESIGN §3 learns pi_sel online only, from a Beta(1, 1) prior, so a run spends
-        its first hundred-odd branches filling at optimistic rates: on Routing the
-        lowest decile is chosen 4 % of the time but read as 0.5 until it has been refused
-        into the data. The train split the predictor already learns from (never a measured
-        record) says the same before the run. pi_use (was a chosen fill used in time) and
+        its first hundred-odd branches filling at optimistic rates: on Routing the lowest
+        decile is chosen 4 % of the time but read near the prior's 0.5 until enough of its
+        branches have resolved. The train split the predictor already learns from (never a
+        measured record) says the same before the run. pi_use (was a chosen fill used in time) and
         Action 0's returns need fills to run and still start at their priors. Only for a
         predictor that ranks each train branch out of sample (it learns the split online,
         :attr:`~dynbranch.predictors.base.Predictor.in_sample_on_train`). Measured, c2 with
