@@ -40,6 +40,7 @@ class Recording(FrequencyPredictor):
 
 class History(FillPolicy):
     name = "history"
+    learns_history = True
 
     def __init__(self) -> None:
         self.learnt: list = []
@@ -93,6 +94,18 @@ def test_the_train_split_is_learnt_whatever_the_runs_length():
 
 def test_an_in_sample_predictor_learns_the_train_split_but_teaches_c3_nothing():
     predictor, policy = Recording(in_sample=True), History()
+    spec = _prepopulate(predictor, policy)
+    assert policy.learnt == [] and spec.counts["train_branches"] > 3
+    assert {c[0] for c in predictor.calls} == {"observe"}
+
+
+def test_a_policy_that_learns_nothing_from_history_gets_no_ranking_of_it():
+    """DSP's and SPAgent's policies ignore the train split's rankings, so none is made."""
+
+    class Deaf(History):
+        learns_history = False
+
+    predictor, policy = Recording(), Deaf()
     spec = _prepopulate(predictor, policy)
     assert policy.learnt == [] and spec.counts["train_branches"] > 3
     assert {c[0] for c in predictor.calls} == {"observe"}

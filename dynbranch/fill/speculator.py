@@ -86,6 +86,10 @@ class FillPolicy(ABC):
     def settled(self, session: BranchSession, chosen: tuple[str, ...]) -> None:
         """The branch resolved: learn from it (default: nothing)."""
 
+    learns_history = False
+    """Whether :meth:`learn_history` learns anything (the speculator ranks the train split's
+    branches only for a policy that does)."""
+
     async def learn_history(self, branches: Sequence[HistoryBranch]) -> None:
         """What the train split's branches, ranked before the run, teach (default:
         nothing)."""
@@ -145,8 +149,8 @@ class Speculator(BranchHook):
             return
         # NOTE: a drafter ranks on an engine, which the run has not started, and a predictor
         # fitted on the train split ranks it in-sample: those only learn.
-        ranks = not (isinstance(self.predictor, DraftingPredictor)
-                     or self.predictor.in_sample_on_train)
+        ranks = self.policy.learns_history and not (
+            isinstance(self.predictor, DraftingPredictor) or self.predictor.in_sample_on_train)
         history: list[HistoryBranch] = []
         size = workload.split_size(data, "train")
         n = TRAIN_REQUESTS if size is None else min(TRAIN_REQUESTS, size)

@@ -224,6 +224,8 @@ class PricedPolicy(FillPolicy):
         if entry is not None:
             entry.chosen, entry.resolved_after_s = chosen, elapsed
 
+    learns_history = True
+
     async def learn_history(self, branches: Sequence[HistoryBranch]) -> None:
         """Teach the gate's selection rates what the train split's branches chose among
         the candidates the predictor ranked at each (one batched call).
