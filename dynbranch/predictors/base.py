@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,17 @@ from dynbranch.workflow import BranchCoordinate, BranchPoint
 
 if TYPE_CHECKING:
     from dynbranch.engines.protocol import GenerateRequest, GenerateResult
+
+
+def softmax(scores: Sequence[float]) -> list[float]:
+    """Choice probabilities of ``scores``, in order (shifted by their maximum; empty for
+    none): what every predictor that learns scores reads as probabilities."""
+    if not scores:
+        return []
+    top = max(scores)
+    exps = [math.exp(s - top) for s in scores]
+    total = sum(exps)
+    return [e / total for e in exps]
 
 
 @dataclass(frozen=True)

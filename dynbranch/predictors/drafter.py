@@ -57,7 +57,7 @@ from typing import Any
 
 from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateResult
 from dynbranch.engines.tokenizer import count_tokens
-from dynbranch.predictors.base import BranchContext, DraftingPredictor
+from dynbranch.predictors.base import BranchContext, DraftingPredictor, softmax
 from dynbranch.predictors.entity import rank_entities
 from dynbranch.predictors.frequency import FEATURES_KEY
 
@@ -179,7 +179,7 @@ class ChoiceModel:
         self, phis: Sequence[Mapping[str, float]], temperature: float = 1.0
     ) -> list[float]:
         """The model's distribution over the candidates at ``temperature``."""
-        return _softmax([s / temperature for s in self.scores(phis)])
+        return softmax([s / temperature for s in self.scores(phis)])
 
     def learn(self, phis: Sequence[Mapping[str, float]], chosen: Sequence[int]) -> None:
         """One AdaGrad step towards the candidates at indices ``chosen``."""
@@ -202,13 +202,6 @@ class ChoiceModel:
         self.learned += 1
 
 
-def _softmax(xs: Sequence[float]) -> list[float]:
-    if not xs:
-        return []
-    top = max(xs)
-    e = [math.exp(x - top) for x in xs]
-    total = sum(e)
-    return [x / total for x in e]
 
 
 def _evidence_words(evidence: Mapping[str, Any], skip: Sequence[str] = ()) -> set[str]:

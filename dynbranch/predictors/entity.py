@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynbranch.predictors.base import BranchContext, Predictor
+from dynbranch.predictors.base import BranchContext, Predictor, softmax
 from dynbranch.predictors.hops import FITTED_HOPS, HOP_FEATURES, finish_probability
 from dynbranch.predictors.spans import (
     STOP_STARTS,
@@ -289,12 +289,7 @@ def answer_clause(observation: str) -> str:
 
 
 def _softmax(scored: Sequence[tuple[str, float]]) -> dict[str, float]:
-    if not scored:
-        return {}
-    top = max(s for _, s in scored)
-    exp = [(c, math.exp(s - top)) for c, s in scored]
-    total = sum(e for _, e in exp)
-    return {c: e / total for c, e in exp}
+    return dict(zip((c for c, _ in scored), softmax([s for _, s in scored]), strict=True))
 
 
 def _unsearched(found: Features, evidence: Mapping[str, Any]) -> Features:

@@ -26,7 +26,7 @@ import math
 from collections.abc import Hashable
 from typing import Any
 
-from dynbranch.predictors.base import BranchContext
+from dynbranch.predictors.base import BranchContext, softmax
 from dynbranch.predictors.frequency import FEATURES_KEY, FrequencyPredictor
 
 LEARNING_RATE = 0.2
@@ -87,7 +87,7 @@ class LogitPredictor(FrequencyPredictor):
     def probabilities(self, ctx: BranchContext) -> dict[str, float]:
         """The model's choice probabilities over the branch's candidates (sum to 1)."""
         candidates, scores = self._scored(ctx)
-        return dict(zip(candidates, _softmax(scores), strict=True))
+        return dict(zip(candidates, softmax(scores), strict=True))
 
     def confidences(self, ctx: BranchContext) -> dict[str, float]:
         """:meth:`probabilities`: learnt by maximum likelihood, so they are calibrated on
@@ -107,7 +107,7 @@ class LogitPredictor(FrequencyPredictor):
         scores = [sum(weights.get(t, 0.0) for t in toks) for toks in tokens]
         target = 1.0 / len(taken)
         gradient: dict[str, float] = {}
-        for candidate, toks, p in zip(candidates, tokens, _softmax(scores), strict=True):
+        for candidate, toks, p in zip(candidates, tokens, softmax(scores), strict=True):
             residual = (target if candidate in taken else 0.0) - p
             for token in toks:
                 gradient[token] = gradient.get(token, 0.0) + residual
@@ -120,12 +120,3 @@ class LogitPredictor(FrequencyPredictor):
             weights[token] = w + rate * g / sqrt(sq)
         self._version += 1
 
-
-def _softmax(scores: list[float]) -> list[float]:
-    """Choice probabilities of ``scores`` (shifted by their maximum; empty for none)."""
-    if not scores:
-        return []
-    top = max(scores)
-    exps = [math.exp(s - top) for s in scores]
-    total = math.fsum(exps)
-    return [e / total for e in exps]
