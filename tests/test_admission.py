@@ -17,6 +17,7 @@ from dynbranch.runtime.run import AdmissionOptions, RunContext
 from tests.toy import ToyRequest
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bfcl"
+MUSIQUE = Path(__file__).parent / "fixtures" / "musique"  # the shipped MuSiQue/HotpotQA fixture
 
 
 def _run(tmp_path, **kw):
@@ -77,6 +78,7 @@ def test_tenants_are_assigned_by_arrival_and_reuse_stays_within_a_tenant(tmp_pat
         rate=2.0,
         workers=4,
         workload_options={},
+        data_dir=str(MUSIQUE),
         out=tmp_path / "one",
     )
     two = _run(
@@ -87,6 +89,7 @@ def test_tenants_are_assigned_by_arrival_and_reuse_stays_within_a_tenant(tmp_pat
         rate=2.0,
         workers=4,
         workload_options={},
+        data_dir=str(MUSIQUE),
         tenants=2,
         out=tmp_path / "two",
     )
