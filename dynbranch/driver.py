@@ -10,7 +10,9 @@ request to complete or fail, and writes the results.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -266,7 +268,7 @@ def run_replay(prepared: Prepared, backend: Backend | None = None, *,
     cfg, clock = prepared.config, prepared.clock
     backend = backend or make_backend(cfg, clock)
     state = _RunState(keep_log=keep_log)
-    with Stopwatch() as wall:
+    with Stopwatch() as wall, _collector_for_replay():
         clock.run(_replay(prepared, backend, state))
     if state.orch is None or state.stream is None:
         raise KeyboardInterrupt  # interrupted before any request could start
@@ -280,6 +282,32 @@ def run_replay(prepared: Prepared, backend: Backend | None = None, *,
     if cfg.progress:
         print(report(summary))
     return ReplayResult(summary, state.records, orch)
+
+
+GC_THRESHOLD = (20_000, 50, 1_000)
+"""The cyclic collector's thresholds while a replay runs (Python's defaults: 700, 10, 10)."""
+
+
+@contextlib.contextmanager
+def _collector_for_replay():
+    """Freeze what exists before the run and collect cycles less often while it runs.
+
+    NOTE: a replay allocates millions of short-lived acyclic objects (events, token lists,
+    scores); at the default thresholds the cyclic collector ran 1,539 young and 12 full
+    collections in a 1,000-request Routing ``full`` replay (4 req/s), each full one walking
+    the prepared train split and the predictors' weights again: 4.1-4.5 s of a 28-30 s run.
+    Frozen and at these thresholds, 375 young and 3 full collections took 0.9-1.0 s and the
+    run 26.2-26.5 s, with identical results. Cycles still get collected, at most 20,000
+    allocations late. The thresholds and the frozen set are restored afterwards.
+    """
+    before = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
 
 
 @dataclass
