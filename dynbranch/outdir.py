@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING
 from dynbranch.errors import OutputError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pyarrow import NativeFile
     from pyarrow.fs import FileSystem
 
 
@@ -81,13 +84,20 @@ class OutDir:
 
     def write_bytes(self, name: str, data: bytes) -> None:
         """Write file ``name`` atomically (a temporary beside it, then a move onto it)."""
+        with self.open_atomic(name) as f:
+            f.write(data)
+
+    @contextlib.contextmanager
+    def open_atomic(self, name: str) -> Iterator[NativeFile]:
+        """An output stream for file ``name``, written piece by piece and moved onto the
+        name only when the block exits normally (on an exception the temporary goes)."""
         parent, _, base = name.rpartition("/")
         if parent:
             self.fs.create_dir(self.file(parent), recursive=True)
         tmp = self.file(f"{parent + '/' if parent else ''}.{base}.tmp-{uuid.uuid4().hex[:8]}")
         try:
             with self.fs.open_output_stream(tmp) as f:
-                f.write(data)
+                yield f
             self.fs.move(tmp, self.file(name))
         except BaseException:
             with contextlib.suppress(Exception):

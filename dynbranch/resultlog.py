@@ -13,6 +13,7 @@ outright (SIGKILL, a lost node) therefore leaves its finished requests in ``part
 
 from __future__ import annotations
 
+import heapq
 import io
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -130,7 +131,8 @@ class ResultStream:
         """Write the final result files from the shards, then remove the shards.
 
         ``requests`` are the run's request records in launch order; stage and branch rows
-        come back from the shards, chunk by chunk (:func:`~dynbranch.results.write_results`).
+        come back from the shards and are written as they come back
+        (:func:`~dynbranch.results.write_results`), so closing holds no run's worth of rows.
         """
         from dynbranch.results import write_results
 
@@ -158,12 +160,23 @@ def _shard_rows(out: OutDir, names: Sequence[str], kind: str) -> Iterator[dict[s
             yield from (json.loads(line) for line in data.splitlines() if line)
 
 
-def _branch_rows(out: OutDir, names: Sequence[str]) -> list[dict[str, Any]]:
-    """Every branch row, in the order the branches opened (as the run log holds them)."""
-    rows = sorted(_shard_rows(out, names, "branches"), key=lambda r: r[SEQ])
-    for r in rows:
-        del r[SEQ]
-    return rows
+def _branch_rows(out: OutDir, names: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """Every branch row, in the order the branches opened (as the run log holds them).
+
+    NOTE: a shard holds the branch rows of the requests it finished, so rows arrive out of
+    opening order only by the requests in flight at once; they wait in a heap until every
+    branch opened before them has arrived. Memory follows that window, not the run's length
+    (every branch has a number, 0, 1, …: each is written exactly once).
+    """
+    waiting: list[tuple[int, dict[str, Any]]] = []
+    following = 0
+    for row in _shard_rows(out, names, "branches"):
+        heapq.heappush(waiting, (row.pop(SEQ), row))
+        while waiting and waiting[0][0] == following:
+            yield heapq.heappop(waiting)[1]
+            following += 1
+    while waiting:  # only if a shard went missing: the rest, still in order
+        yield heapq.heappop(waiting)[1]
 
 
 def _stage_rows(stages: Sequence[StageRecord]) -> list[dict[str, Any]]:

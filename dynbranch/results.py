@@ -180,16 +180,18 @@ def write_results(out: OutDir | Path | str, summary: Mapping[str, Any],
     """Write every result file of a replay into ``out`` (a path or a filesystem URI).
 
     ``stages`` and ``branches`` are records or their rows (:meth:`StageRecord.row`), in log
-    order; stage rows are consumed chunk by chunk, so an iterator over streamed shards never
-    has to be held whole. Each file is written atomically; ``summary.json`` goes last, so a
+    order; both are consumed chunk by chunk and written as they come (one Parquet row group
+    per chunk, straight to the file), so an iterator over streamed shards never has to be
+    held whole. Each file is written atomically; ``summary.json`` goes last, so a
     directory holding it holds every other file of the same run.
     """
     out = OutDir.parse(out)
     out.make()
     out.write_bytes("requests.parquet", _parquet(requests_frame(requests)))
-    out.write_bytes("stages.parquet", _stages_parquet(stages))
-    out.write_bytes("branches.parquet", _parquet(pd.DataFrame(
-        [_row(b) for b in branches], columns=list(BRANCH_COLUMNS))))
+    with out.open_atomic("stages.parquet") as sink:
+        _write_chunked(sink, stage_schema(), map(_stage_row, stages))
+    with out.open_atomic("branches.parquet") as sink:
+        _write_chunked(sink, BRANCH_SCHEMA, map(_row, branches))
     png = io.BytesIO()
     plot_latency_cdf({summary["arm"]: [r.latency for r in requests
                                         if r.status == "completed"]},
@@ -199,11 +201,16 @@ def write_results(out: OutDir | Path | str, summary: Mapping[str, Any],
     out.write_text("summary.json", json.dumps(summary, indent=2, default=_plain) + "\n")
 
 
-BRANCH_COLUMNS = ("request_id", "coordinate", "candidates", "chosen", "opened_at",
-                  "resolved_at")
+BRANCH_SCHEMA = pa.schema([
+    ("request_id", pa.string()), ("coordinate", pa.string()),
+    ("candidates", pa.list_(pa.string())), ("chosen", pa.list_(pa.string())),
+    ("opened_at", pa.float64()), ("resolved_at", pa.float64()),
+])
+"""The Arrow schema of ``branches.parquet``: one column per :class:`BranchRecord` field."""
+BRANCH_COLUMNS = tuple(BRANCH_SCHEMA.names)
 
-STAGE_CHUNK_ROWS = 16384
-"""Stage rows converted to Arrow at a time (one Parquet row group each)."""
+CHUNK_ROWS = 16384
+"""Stage or branch rows converted to Arrow at a time (one Parquet row group each)."""
 
 _ARROW_TYPES = {"str": pa.string(), "str | None": pa.string(), "int": pa.int64(),
                 "float": pa.float64(), "bool": pa.bool_(), "dict[str, str]": pa.string()}
@@ -220,24 +227,22 @@ def _row(record: Any) -> dict[str, Any]:
     return dict(record) if isinstance(record, Mapping) else record.row()
 
 
-def _stages_parquet(stages: Iterable[StageRecord | Mapping[str, Any]]) -> bytes:
-    """``stages.parquet`` written chunk by chunk under :func:`stage_schema`."""
+def _write_chunked(sink: Any, schema: pa.Schema, rows: Iterable[dict[str, Any]]) -> None:
+    """Write ``rows`` to ``sink`` as Parquet under ``schema``, :data:`CHUNK_ROWS` at a time
+    (an empty table when there are none, so the file always has the schema)."""
     import pyarrow.parquet as pq
 
-    schema = stage_schema()
-    buf = io.BytesIO()
-    with pq.ParquetWriter(buf, schema) as writer:
+    with pq.ParquetWriter(sink, schema) as writer:
         chunk: list[dict[str, Any]] = []
         written = 0
-        for record in stages:
-            chunk.append(_stage_row(record))
-            if len(chunk) >= STAGE_CHUNK_ROWS:
+        for row in rows:
+            chunk.append(row)
+            if len(chunk) >= CHUNK_ROWS:
                 writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
                 written += len(chunk)
                 chunk.clear()
         if chunk or not written:
             writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
-    return buf.getvalue()
 
 
 def _stage_row(record: StageRecord | Mapping[str, Any]) -> dict[str, Any]:

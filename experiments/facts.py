@@ -17,11 +17,10 @@ from typing import Any
 
 import pandas as pd
 
-from dynbranch.results import requests_frame, stages_frame
+from dynbranch.results import BRANCH_COLUMNS, requests_frame, stages_frame
 from dynbranch.stagelog import RunLogFrames, overlap_bound
 
 Extra = Callable[[Any, Any], Mapping[str, Any]]
-BRANCH_COLUMNS = ["request_id", "coordinate", "candidates", "chosen", "opened_at", "resolved_at"]
 
 
 def frames(result: Any) -> RunLogFrames:
@@ -45,7 +44,7 @@ def frames(result: Any) -> RunLogFrames:
                 "prompt_tokens",
             ]
         )
-    branches = pd.DataFrame([b.row() for b in log.branches], columns=BRANCH_COLUMNS)
+    branches = pd.DataFrame([b.row() for b in log.branches], columns=list(BRANCH_COLUMNS))
     return RunLogFrames(stages, branches, requests_frame(result.requests))
 
 

@@ -167,3 +167,44 @@ def test_out_takes_a_filesystem_uri(tmp_path, capsys):
         "branches.parquet",
         "latency_cdf.png",
     }
+
+
+def test_branch_rows_come_back_in_opening_order_holding_only_the_disordered_ones(
+    tmp_path, monkeypatch
+):
+    """Shards hold branch rows by the request that finished; closing puts them back in the
+    order the branches opened, and holds back only rows whose predecessors are still to come
+    (a long run's close does not hold all its branch rows at once)."""
+    from dynbranch.resultlog import SEQ, _branch_rows
+
+    out = OutDir.parse(tmp_path)
+    shards = [[3, 0, 1], [2, 4], [6, 5, 7]]  # each shard: the rows of the requests it finished
+    for n, seqs in enumerate(shards, start=1):
+        rows = [json.dumps({"request_id": f"r{q}", SEQ: q}) for q in seqs]
+        out.write_text(f"{PARTS}/branches-{n:05d}.jsonl", "\n".join(rows) + "\n")
+    read = []
+    original = OutDir.read_bytes
+
+    def counting(self, name):
+        read.append(name)
+        return original(self, name)
+
+    monkeypatch.setattr(OutDir, "read_bytes", counting)
+    rows = _branch_rows(out, out.listdir(PARTS))
+    first = [next(rows) for _ in range(2)]
+    assert len(read) == 1  # rows 0 and 1 were out before the second shard was read
+    rest = list(rows)
+    assert [r["request_id"] for r in first + rest] == [f"r{q}" for q in range(8)]
+    assert all(SEQ not in r for r in first + rest)
+
+
+def test_a_result_file_that_fails_while_streaming_leaves_the_old_one(tmp_path):
+    """``open_atomic``: a file written piece by piece (the chunked Parquet files) appears
+    only whole; an error halfway leaves the previous file and no temporary."""
+    out = OutDir.parse(tmp_path)
+    out.write_text("stages.parquet", "old")
+    with pytest.raises(RuntimeError, match="halfway"), out.open_atomic("stages.parquet") as f:
+        f.write(b"new, part one")
+        raise RuntimeError("halfway")
+    assert (tmp_path / "stages.parquet").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stages.parquet"]
