@@ -94,11 +94,15 @@ function returns return retrieve retrieves value values list specified provided 
 _DOC_STOPWORDS = frozenset(_DOC_WORDS.split())
 
 
-def _name_words(name: str) -> set[str]:
+@lru_cache(maxsize=8192)
+def _name_words(name: str) -> frozenset[str]:
     """The first four letters of each word of a function name (``get_stock_info``,
-    ``Flights_4_SearchOnewayFlight``, ``math.hypot``): snake, dotted and camel case."""
+    ``Flights_4_SearchOnewayFlight``, ``math.hypot``): snake, dotted and camel case.
+
+    NOTE: remembered like :func:`_description_words` (every router branch reads every offered
+    name's words; the data set's names bound the cache)."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
-    return {w[:4] for w in re.findall(r"[a-z0-9]+", spaced.lower()) if len(w) >= 3}
+    return frozenset(w[:4] for w in re.findall(r"[a-z0-9]+", spaced.lower()) if len(w) >= 3)
 
 
 @lru_cache(maxsize=8192)
