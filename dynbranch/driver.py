@@ -394,7 +394,17 @@ def run_context(prepared: Prepared, backend: Backend) -> RunContext:
         replay_context=(load_profile(cfg.profile).model.max_model_len if cfg.engine == "sim"
                         else None),
         make_store=lambda: backend.make_store(cfg.store_mb << 20, cfg.eviction),
-        make_gate=backend.make_gate)
+        make_gate=backend.make_gate, workload_key=workload_key(prepared))
+
+
+def workload_key(prepared: Prepared) -> tuple[Any, ...]:
+    """What decides the requests :func:`prepare`'s workload generates: its name and
+    settings and the data it reads (two runs with equal keys draw the same train split)."""
+    cfg = prepared.config
+    return (cfg.workload, cfg.tool_time, cfg.decode_lengths, cfg.categories,
+            repr(sorted(cfg.workload_options.items())),
+            str(prepared.data.data_dir) if prepared.data else None,
+            str(prepared.data.cache_dir) if prepared.data else None)
 
 
 async def _launch(prepared: Prepared, orch: Orchestrator, stream: ResultStream,

@@ -9,6 +9,7 @@ from dynbranch.clock import VirtualClock
 from dynbranch.fill.model import Ranked
 from dynbranch.fill.speculator import TRAIN_REQUESTS, FillPolicy, Speculator
 from dynbranch.gate.priced import PricedPolicy
+from dynbranch.predictors import BranchContext
 from dynbranch.predictors.frequency import FrequencyPredictor
 from dynbranch.runtime.run import FillOptions, GateOptions, RunContext
 from dynbranch.workflow import BranchCoordinate, BranchPoint
@@ -124,3 +125,51 @@ def test_history_teaches_the_gate_selection_rates_per_decile_not_usability():
     assert gate._sel[("w/pick", "p9")].decisions == 0  # Bayes-UCB's count is of live reads
     assert "w/pick" not in gate._use  # pi_use needs fills that ran
     assert policy.counts["history_observations"] == 80
+
+
+def test_a_second_run_of_the_same_workload_takes_the_learnt_split_without_learning_it_again(
+    monkeypatch,
+):
+    """An experiment's cells share a workload: the first learns the train split offline,
+    the next ones start from the state it left (its own copy) and the same ranked
+    branches; a different start (predictor settings, seed) or no workload key learns again."""
+    from collections import OrderedDict
+
+    from dynbranch.fill import speculator
+
+    monkeypatch.setattr(speculator, "_TRAINED", OrderedDict())
+    ran: list[str] = []
+    offline = speculator.precompute
+
+    async def counting(instance, **kw):
+        ran.append(instance.request_id)
+        return await offline(instance, **kw)
+
+    monkeypatch.setattr(speculator, "precompute", counting)
+
+    def prepopulate(predictor, key=("routing", "fixture"), seed=0):
+        policy = History()
+        run = RunContext(clock=VirtualClock(), arm="c2", fill=FillOptions(fanout=2),
+                         workload_key=key)
+        spec = Speculator(run, predictor, policy)
+        workload = RoutingWorkload(root=FIXTURE)
+        asyncio.run(spec.prepopulate(workload, DATA, seed, split="test", requests=3))
+        return spec, policy
+
+    first, first_policy = prepopulate(FrequencyPredictor())
+    learnt = len(ran)
+    assert learnt > 0 and first.predictor.observed > 0
+    second, second_policy = prepopulate(FrequencyPredictor())
+    assert len(ran) == learnt  # nothing ran offline again
+    assert vars(second.predictor) == vars(first.predictor)
+    assert second_policy.learnt == first_policy.learnt and second_policy.learnt[0]
+    assert second.counts["train_branches"] == first.counts["train_branches"]
+    point, _ranked, chosen = second_policy.learnt[0][0]
+    second.predictor.observe(BranchContext.of("r", point), chosen)  # its own copy
+    third, _ = prepopulate(FrequencyPredictor())
+    assert vars(third.predictor) == vars(first.predictor) != vars(second.predictor)
+    assert len(ran) == learnt
+    prepopulate(FrequencyPredictor(per_step=True))  # another start: learnt again
+    prepopulate(FrequencyPredictor(), seed=1)
+    prepopulate(FrequencyPredictor(), key=None)
+    assert len(ran) == 4 * learnt

@@ -25,8 +25,11 @@ synchronously like any predictor.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import pickle
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dynbranch.fill.hook import BranchHook
@@ -55,6 +58,11 @@ fills consumed instead of 18 of 150; without the warm start 19.75 → 18.12 s.""
 HistoryBranch = tuple["BranchPoint", Sequence[Ranked], tuple[str, ...]]
 """One train-split branch for :meth:`FillPolicy.learn_history`: its point, the fillable
 candidates the predictor ranked while it was open (best first), and what it chose."""
+
+TRAINED_KEPT = 4
+"""Learnt train splits kept in this process (each a predictor's state and its ranked train
+branches: a few tens of MB for Routing's 500 requests)."""
+_TRAINED: OrderedDict[Hashable, tuple[bytes, list[HistoryBranch], int]] = OrderedDict()
 
 
 class FillPolicy(ABC):
@@ -151,9 +159,30 @@ class Speculator(BranchHook):
         # fitted on the train split ranks it in-sample: those only learn.
         ranks = self.policy.learns_history and not (
             isinstance(self.predictor, DraftingPredictor) or self.predictor.in_sample_on_train)
-        history: list[HistoryBranch] = []
         size = workload.split_size(data, "train")
         n = TRAIN_REQUESTS if size is None else min(TRAIN_REQUESTS, size)
+        key = self._training_key(seed, n, ranks)
+        learnt = _TRAINED.get(key) if key is not None else None
+        if learnt is None:
+            history = await self._learn_train_split(workload, data, seed, n, ranks)
+            if key is not None:
+                _TRAINED[key] = (pickle.dumps(self.predictor, pickle.HIGHEST_PROTOCOL),
+                                 history, self.counts["train_branches"])
+                while len(_TRAINED) > TRAINED_KEPT:
+                    _TRAINED.popitem(last=False)
+        else:
+            _TRAINED.move_to_end(key)
+            blob, history, branches = learnt
+            vars(self.predictor).update(vars(pickle.loads(blob)))
+            self.counts["train_branches"] += branches
+        if ranks:
+            await self.policy.learn_history(history)
+
+    async def _learn_train_split(self, workload: Workload, data: DataConfig, seed: int, n: int,
+                                 ranks: bool) -> list[HistoryBranch]:
+        """Run ``n`` train requests offline; the predictor learns each branch (ranking it
+        first when ``ranks``). Returns the branches with what was ranked at each."""
+        history: list[HistoryBranch] = []
         for instance in workload.requests(data, n, seed, "train"):
             ranked: list[list[Ranked]] = []
 
@@ -169,8 +198,28 @@ class Speculator(BranchHook):
                 self.predictor.observe(BranchContext.of(instance.request_id, point), chosen)
                 history.append((point, before, chosen))
             self.counts["train_branches"] += len(run.branches)
-        if ranks:
-            await self.policy.learn_history(history)
+        return history
+
+    def _training_key(self, seed: int, n: int, ranks: bool) -> Hashable | None:
+        """Equal for two runs whose predictors learn the same train split from the same
+        start (``None``: not known, learn it again).
+
+        NOTE: an experiment replays many cells of one workload, and each cell's predictor
+        learnt the same train split from scratch, ~3 s of offline runs and learning steps on
+        Routing (500 requests), a sizeable share of a short cell. Learning is deterministic
+        (no clock, no engines, no shared random state), so a predictor equal before it (its
+        pickle) ends equal after it: the next cell takes the learnt state and the ranked
+        branches as the first one left them. A drafter ranks on engines and learns again.
+        """
+        if (self.run.workload_key is None or isinstance(self.predictor, DraftingPredictor)
+                or not hasattr(self.predictor, "__dict__")):
+            return None
+        try:
+            start = pickle.dumps(self.predictor, pickle.HIGHEST_PROTOCOL)
+        except Exception:  # NOTE: a predictor holding live objects learns again
+            return None
+        return (self.run.workload_key, seed, n, ranks, self.fanout,
+                hashlib.sha256(start).hexdigest())
 
     def _ranked(self, instance: RequestInstance, point: BranchPoint) -> list[Ranked]:
         """The fillable candidates the predictor ranks at an open train branch, as

@@ -9,7 +9,7 @@ baseline arm's own settings ride in :attr:`RunContext.arm_config` as that arm's 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -131,7 +131,9 @@ class RunContext:
     ``replay_context`` is the context the replaying engine cuts outputs to (the sim profile's
     ``max_model_len``; ``None``: no cut, as the zero engine), which the checker applies too.
     ``make_store`` builds the backend's subgraph store; ``make_gate`` the backend's central
-    gate (``None``: the gate lives in this process).
+    gate (``None``: the gate lives in this process). ``workload_key`` is equal for two runs
+    whose workloads generate the same requests from the same data (``None``: unknown), so a
+    hook may reuse what it learnt offline from one run's train split in the next.
     """
 
     clock: Clock
@@ -145,3 +147,4 @@ class RunContext:
     replay_context: int | None = None
     make_store: Callable[[], StoreClient] | None = None
     make_gate: Callable[[ContentionModel, GateConfig], GateClient] | None = None
+    workload_key: Hashable | None = None
