@@ -129,6 +129,7 @@ class Prepared:
     arrivals: Sequence[float]
     data: DataConfig | None = None  # where the workload reads (InstCache pre-populates from it)
     options: RunOptions | None = None  # set by prepare()
+    built: Workload | None = None  # the workload prepare() built from the config (set by it)
 
 
 def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepared:
@@ -188,7 +189,7 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     options = run_options(cfg, workload.predictor)
     out.check()  # last: a refused run leaves no directory behind
     return Prepared(cfg, workload, arm, make_clock(cfg.clock), instances, arrivals, data,
-                    options)
+                    options, built=workload)
 
 
 def run_options(cfg: ReplayConfig, default_predictor: str) -> RunOptions:
@@ -397,9 +398,15 @@ def run_context(prepared: Prepared, backend: Backend) -> RunContext:
         make_gate=backend.make_gate, workload_key=workload_key(prepared))
 
 
-def workload_key(prepared: Prepared) -> tuple[Any, ...]:
+def workload_key(prepared: Prepared) -> tuple[Any, ...] | None:
     """What decides the requests :func:`prepare`'s workload generates: its name and
-    settings and the data it reads (two runs with equal keys draw the same train split)."""
+    settings and the data it reads (two runs with equal keys draw the same train split).
+
+    ``None`` once the workload was replaced after :func:`prepare` (an experiment's shaped
+    stream): the config no longer says what it generates.
+    """
+    if prepared.workload is not prepared.built:
+        return None
     cfg = prepared.config
     return (cfg.workload, cfg.tool_time, cfg.decode_lengths, cfg.categories,
             repr(sorted(cfg.workload_options.items())),

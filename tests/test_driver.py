@@ -153,3 +153,24 @@ def test_the_fanout_defaults_to_one_fill_per_other_engine(tmp_path):
     assert prepared.config.fanout == 3
     prepared = prepare(_cfg(tmp_path, workers=4, fanout=1), progress=lambda _m: None)
     assert prepared.config.fanout == 1
+
+
+def test_the_workload_key_is_known_only_for_the_workload_prepare_built(tmp_path):
+    """Runs share what they learnt from the train split by this key; an experiment that
+    swaps in a shaped workload after prepare() draws another train split, so its key is None."""
+    import dataclasses
+
+    from dynbranch.driver import workload_key
+
+    a = prepare(_cfg(tmp_path, out=tmp_path / "a", arm="full"), lambda _m: None)
+    b = prepare(_cfg(tmp_path, out=tmp_path / "b", arm="c2", rate=9.0), lambda _m: None)
+    assert workload_key(a) is not None and workload_key(a) == workload_key(b)
+    assert workload_key(dataclasses.replace(a, workload=_Wrapped(a.workload))) is None
+
+
+class _Wrapped:
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)

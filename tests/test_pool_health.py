@@ -197,3 +197,39 @@ def test_a_cancelled_caller_aborts_its_remote_call():
 
     e0, pool = clock.run(main())
     assert e0.aborted == ["r7"] and pool._engines["target"][0].open == 0
+
+
+class _SlowLoad(FakeEngine):
+    """An engine in this process whose load read takes a network round trip."""
+
+    remote = False
+
+    async def load(self) -> LoadSnapshot:
+        await self.clock.sleep(0.25)
+        return await super().load()
+
+
+class _AtOnce(FakeEngine):
+    """An engine in this process whose load is answered without suspending."""
+
+    remote = False
+    load_at_once = True
+
+
+def test_loads_are_read_side_by_side_unless_each_answers_at_once():
+    """A load that suspends (a modelled network between pool and engine) is read for every
+    engine concurrently: one round trip for all, not one each. Loads that answer at once
+    are read without a task each, and come back the same, in the engines' order."""
+    clock = VirtualClock()
+
+    async def main(kind):
+        engines = [kind(f"e{i}", clock) for i in range(4)]
+        pool = EnginePool({"target": engines}, LeastOutstanding, clock=clock)
+        start = clock.now()
+        loads = await pool.serving_loads()
+        return clock.now() - start, [(s.engine_id, s.running) for s in loads]
+
+    took, slow = clock.run(main(_SlowLoad))
+    assert took == pytest.approx(0.25)
+    took, at_once = clock.run(main(_AtOnce))
+    assert took == 0.0 and at_once == slow == [(f"e{i}", 2) for i in range(4)]

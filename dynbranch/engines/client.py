@@ -39,11 +39,14 @@ class EngineClient(ABC):
 
     ``remote`` is true for an engine in another process: it can die or hang without raising
     here, so the pool races its calls against its health (see
-    :class:`~dynbranch.runtime.pool.EnginePool`).
+    :class:`~dynbranch.runtime.pool.EnginePool`). ``load_at_once`` is true when :meth:`load`
+    answers without suspending (an engine in this event loop, nothing in between), so the
+    pool may read many loads without a task each.
     """
 
     engine_id: str
     remote: bool = False
+    load_at_once: bool = False
 
     @abstractmethod
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -64,6 +67,8 @@ class EngineClient(ABC):
 
 class LocalEngineClient(EngineClient):
     """A client for an engine running in the caller's own event loop."""
+
+    load_at_once = True
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

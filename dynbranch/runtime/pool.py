@@ -147,11 +147,13 @@ class EnginePool:
         view's one-snapshot-per-priced-engine check.
         """
         engines = [e for role, es in self._engines.items() if role != DRAFTER_ROLE for e in es]
-        if engines and not any(e.client.remote for e in engines):
-            # NOTE: in process a load is read without suspending, so a task per engine
-            # (asyncio.gather) is pure cost: at 64 engines a fifth of a replay. The event loop
-            # still turns as often as through gather (read after the callbacks already due,
-            # resume after what the reads set off), so every replay runs as before.
+        if engines and all(e.client.load_at_once for e in engines):
+            # NOTE: an engine in this loop answers its load without suspending, so a task per
+            # engine (asyncio.gather) is pure cost: at 64 engines a fifth of a replay. The
+            # event loop still turns as often as through gather (read after the callbacks
+            # already due, resume after what the reads set off), so every replay runs as
+            # before. A load that crosses a modelled network suspends: those go through
+            # gather, concurrently, as they did.
             await asyncio.sleep(0)
             loads = [await self._load(e) for e in engines]
             await asyncio.sleep(0)
