@@ -60,8 +60,8 @@ HistoryBranch = tuple["BranchPoint", Sequence[Ranked], tuple[str, ...]]
 candidates the predictor ranked while it was open (best first), and what it chose."""
 
 TRAINED_KEPT = 4
-"""Learnt train splits kept in this process (each a predictor's state and its ranked train
-branches: a few tens of MB for Routing's 500 requests)."""
+"""Learnt train splits kept in this process, each a predictor's state and its ranked train
+branches (Routing's 500 requests: a 4 MB predictor pickle and 1,602 branches, 21 MB pickled)."""
 _TRAINED: OrderedDict[Hashable, tuple[bytes, list[HistoryBranch], int]] = OrderedDict()
 
 

@@ -122,7 +122,6 @@ class LogitPredictor(FrequencyPredictor):
         self._version += 1
 
 
-
 def _scores(weights: dict[str, float], tokens: list[tuple[str, ...]]) -> list[float]:
     """Each candidate's summed token weights (0.0 for a token never learnt), summed in
     token order; the lookups are mapped at C speed (every branch scores every candidate)."""
