@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from dynbranch.driver import ReplayConfig, prepare, run_replay
+from dynbranch.fill.speculator import keeping_train_splits
 from dynbranch.outdir import OutDir
 from experiments.pairing import PAIR_KEYS, pair_rows
 
@@ -78,23 +79,29 @@ def run_cells(cells: Sequence[Cell], out: Path,
     from tqdm import tqdm
 
     rows = []
-    for cell in tqdm(cells, desc="cells", unit="replay"):
-        prepared = prepare(cell.config(out / "replays"), progress=lambda _m: None)
-        if customize is not None:
-            prepared = customize(cell, prepared)
-        result = run_replay(prepared)
-        if result.summary.get("interrupted"):
-            # NOTE: the replay caught the SIGINT/SIGTERM to write its partial results; the
-            # experiment stops with it rather than going on to the next cell.
-            raise KeyboardInterrupt(f"{cell.slug()}: interrupted by "
-                                    f"{result.summary.get('interrupted_by')}")
-        row = {k: result.summary.get(k) for k in ROW_FIELDS if k in result.summary}
-        row.update({"workload": cell.workload, "arm": cell.arm, "variant": cell.variant,
-                    "rate": cell.rate, "requests": cell.requests, "seed": cell.seed})
-        if extra is not None:
-            row.update(extra(cell, result))
-        rows.append(row)
+    with keeping_train_splits():  # NOTE: cells of one workload learn its train split once
+        for cell in tqdm(cells, desc="cells", unit="replay"):
+            rows.append(_run_cell(cell, out, extra, customize))
     return pair_rows(rows)
+
+
+def _run_cell(cell: Cell, out: Path, extra: Callable[[Cell, Any], Mapping[str, Any]] | None,
+              customize: Callable[[Cell, Any], Any] | None) -> dict[str, Any]:
+    prepared = prepare(cell.config(out / "replays"), progress=lambda _m: None)
+    if customize is not None:
+        prepared = customize(cell, prepared)
+    result = run_replay(prepared)
+    if result.summary.get("interrupted"):
+        # NOTE: the replay caught the SIGINT/SIGTERM to write its partial results; the
+        # experiment stops with it rather than going on to the next cell.
+        raise KeyboardInterrupt(f"{cell.slug()}: interrupted by "
+                                f"{result.summary.get('interrupted_by')}")
+    row = {k: result.summary.get(k) for k in ROW_FIELDS if k in result.summary}
+    row.update({"workload": cell.workload, "arm": cell.arm, "variant": cell.variant,
+                "rate": cell.rate, "requests": cell.requests, "seed": cell.seed})
+    if extra is not None:
+        row.update(extra(cell, result))
+    return row
 
 
 def add_reduction_vs_floor(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -138,6 +138,7 @@ def test_a_second_run_of_the_same_workload_takes_the_learnt_split_without_learni
     from dynbranch.fill import speculator
 
     monkeypatch.setattr(speculator, "_TRAINED", OrderedDict())
+    monkeypatch.setattr(speculator, "_kept", 4)  # as inside keeping_train_splits()
     ran: list[str] = []
     offline = speculator.precompute
 
@@ -173,3 +174,28 @@ def test_a_second_run_of_the_same_workload_takes_the_learnt_split_without_learni
     prepopulate(FrequencyPredictor(), seed=1)
     prepopulate(FrequencyPredictor(), key=None)
     assert len(ran) == 4 * learnt
+    monkeypatch.setattr(speculator, "_kept", 0)  # a lone replay keeps nothing
+    prepopulate(FrequencyPredictor())
+    assert len(ran) == 5 * learnt
+
+
+def test_train_splits_are_kept_only_inside_keeping_train_splits(monkeypatch):
+    from collections import OrderedDict
+
+    from dynbranch.fill import speculator
+
+    monkeypatch.setattr(speculator, "_TRAINED", OrderedDict())
+    run = RunContext(clock=VirtualClock(), arm="c2", fill=FillOptions(fanout=2),
+                     workload_key=("routing", "fixture"))
+    workload = RoutingWorkload(root=FIXTURE)
+
+    def learn():
+        spec = Speculator(run, FrequencyPredictor(), History())
+        asyncio.run(spec.prepopulate(workload, DATA, 0, split="test", requests=3))
+
+    learn()
+    assert not speculator._TRAINED
+    with speculator.keeping_train_splits(2):
+        learn()
+        assert len(speculator._TRAINED) == 1
+    assert not speculator._TRAINED and speculator._kept == 0

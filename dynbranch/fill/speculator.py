@@ -25,11 +25,12 @@ synchronously like any predictor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import pickle
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dynbranch.fill.hook import BranchHook
@@ -60,9 +61,30 @@ HistoryBranch = tuple["BranchPoint", Sequence[Ranked], tuple[str, ...]]
 candidates the predictor ranked while it was open (best first), and what it chose."""
 
 TRAINED_KEPT = 4
-"""Learnt train splits kept in this process, each a predictor's state and its ranked train
-branches (Routing's 500 requests: a 4 MB predictor pickle and 1,602 branches, 21 MB pickled)."""
+"""Learnt train splits :func:`keeping_train_splits` keeps by default, each a predictor's state
+and its ranked train branches (Routing's 500 requests: a 4 MB predictor pickle and 1,602
+branches, 21 MB pickled)."""
 _TRAINED: OrderedDict[Hashable, tuple[bytes, list[HistoryBranch], int]] = OrderedDict()
+_kept = 0  # how many _TRAINED holds at most; 0 outside keeping_train_splits()
+
+
+@contextlib.contextmanager
+def keeping_train_splits(n: int = TRAINED_KEPT) -> Iterator[None]:
+    """Within the block, runs whose predictors learn the same train split from the same
+    start learn it once (:meth:`Speculator._training_key`); what was kept goes at its end.
+
+    NOTE: for a process that runs many replays (an experiment's cells). A lone replay keeps
+    nothing: the kept split would only raise its peak memory (a 10,000-request Routing
+    replay's by about 70 MB).
+    """
+    global _kept
+    before, _kept = _kept, n
+    try:
+        yield
+    finally:
+        _kept = before
+        if not _kept:
+            _TRAINED.clear()
 
 
 class FillPolicy(ABC):
@@ -161,14 +183,14 @@ class Speculator(BranchHook):
             isinstance(self.predictor, DraftingPredictor) or self.predictor.in_sample_on_train)
         size = workload.split_size(data, "train")
         n = TRAIN_REQUESTS if size is None else min(TRAIN_REQUESTS, size)
-        key = self._training_key(seed, n, ranks)
+        key = self._training_key(seed, n, ranks) if _kept else None
         learnt = _TRAINED.get(key) if key is not None else None
         if learnt is None:
             history = await self._learn_train_split(workload, data, seed, n, ranks)
             if key is not None:
                 _TRAINED[key] = (pickle.dumps(self.predictor, pickle.HIGHEST_PROTOCOL),
                                  history, self.counts["train_branches"])
-                while len(_TRAINED) > TRAINED_KEPT:
+                while len(_TRAINED) > _kept:
                     _TRAINED.popitem(last=False)
         else:
             _TRAINED.move_to_end(key)
@@ -209,7 +231,8 @@ class Speculator(BranchHook):
         Routing (500 requests), a sizeable share of a short cell. Learning is deterministic
         (no clock, no engines, no shared random state), so a predictor equal before it (its
         pickle) ends equal after it: the next cell takes the learnt state and the ranked
-        branches as the first one left them. A drafter ranks on engines and learns again.
+        branches as the first one left them (inside :func:`keeping_train_splits`, which
+        ``experiments.common.run_cells`` opens). A drafter ranks on engines and learns again.
         """
         if (self.run.workload_key is None or isinstance(self.predictor, DraftingPredictor)
                 or not hasattr(self.predictor, "__dict__")):
