@@ -233,3 +233,36 @@ def test_loads_are_read_side_by_side_unless_each_answers_at_once():
     assert took == pytest.approx(0.25)
     took, at_once = clock.run(main(_AtOnce))
     assert took == 0.0 and at_once == slow == [(f"e{i}", 2) for i in range(4)]
+
+
+class _Immediate(FakeEngine):
+    """Answers its load without suspending but does not say so: read through gather."""
+
+    remote = False
+
+
+def test_reading_loads_at_once_turns_the_event_loop_as_often_as_gather():
+    """The fast path must leave every other task's interleaving as it was: the reader
+    resumes after as many turns of the loop as through asyncio.gather."""
+    clock = VirtualClock()
+
+    async def trace(kind):
+        pool = EnginePool({"target": [kind(f"e{i}", clock) for i in range(3)]},
+                          LeastOutstanding, clock=clock)
+        marks: list = []
+
+        async def ticker():
+            for i in range(8):
+                marks.append(i)
+                await asyncio.sleep(0)
+
+        async def reader():
+            await pool.serving_loads()
+            marks.append("loads")
+
+        await asyncio.gather(ticker(), reader())
+        return marks
+
+    through_gather = clock.run(trace(_Immediate))
+    assert "loads" in through_gather[1:-1]
+    assert clock.run(trace(_AtOnce)) == through_gather
