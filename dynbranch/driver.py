@@ -41,7 +41,7 @@ from dynbranch.replay_checks import (
     check_profile,
     check_values,
 )
-from dynbranch.resultlog import ResultStream
+from dynbranch.resultlog import PARTS, ResultStream, set_aside_stopped_run
 from dynbranch.reuse.eviction import POLICIES as EVICTION_POLICIES
 from dynbranch.runtime.run import (
     DEFAULT_DEPTH,
@@ -188,6 +188,8 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     arrivals = [float(a) for a in arrivals]
     options = run_options(cfg, workload.predictor)
     out.check()  # last: a refused run leaves no directory behind
+    with out.claimed():
+        pass  # NOTE: refused now if another run holds it, not after the setup; held by run_replay
     return Prepared(cfg, workload, arm, make_clock(cfg.clock), instances, arrivals, data,
                     options, built=workload)
 
@@ -267,19 +269,26 @@ def run_replay(prepared: Prepared, backend: Backend | None = None, *,
     from dynbranch.results import report, summarize
 
     cfg, clock = prepared.config, prepared.clock
-    backend = backend or make_backend(cfg, clock)
-    state = _RunState(keep_log=keep_log)
-    with Stopwatch() as wall, _collector_for_replay():
-        clock.run(_replay(prepared, backend, state))
-    if state.orch is None or state.stream is None:
-        raise KeyboardInterrupt  # interrupted before any request could start
-    orch = state.orch
-    run = {**cfg.settings(), "wall_s": wall.elapsed_s, "backend": backend.name,
-           **state.fields()}
-    state.stream.flush(every_branch=True)
-    summary = summarize(run, state.records, state.stream.tally, fills=orch.fills.stats(),
-                        mechanisms=orch.mechanism_stats)
-    state.stream.close(summary, state.records)
+    out = OutDir.parse(cfg.out)
+    with out.claimed():
+        aside = set_aside_stopped_run(out)
+        if aside is not None:
+            print(f"dynbranch: {out} held the result shards of a run that stopped before "
+                  f"writing its files; moved them to {out.child(aside)}/{PARTS} (read them "
+                  f"with dynbranch.resultlog.read_partial)", file=sys.stderr)
+        backend = backend or make_backend(cfg, clock)
+        state = _RunState(keep_log=keep_log)
+        with Stopwatch() as wall, _collector_for_replay():
+            clock.run(_replay(prepared, backend, state))
+        if state.orch is None or state.stream is None:
+            raise KeyboardInterrupt  # interrupted before any request could start
+        orch = state.orch
+        run = {**cfg.settings(), "wall_s": wall.elapsed_s, "backend": backend.name,
+               **state.fields()}
+        state.stream.flush(every_branch=True)
+        summary = summarize(run, state.records, state.stream.tally, fills=orch.fills.stats(),
+                            mechanisms=orch.mechanism_stats)
+        state.stream.close(summary, state.records)
     if cfg.progress:
         print(report(summary))
     return ReplayResult(summary, state.records, orch)

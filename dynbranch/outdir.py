@@ -6,12 +6,16 @@ written atomically: its bytes go to a hidden temporary name beside it, which is 
 onto the final name, so a reader (or a run killed mid-write) sees either the old file, the
 new one, or none — never half of one. On a local filesystem the move is a rename; on object
 stores an object appears whole when its upload completes, and the move is a server-side copy.
-:meth:`OutDir.check` proves the destination writable before anything starts.
+:meth:`OutDir.check` proves the destination writable before anything starts, and
+:meth:`OutDir.claimed` keeps a second run from writing into a local directory a run is using.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +131,13 @@ class OutDir:
         infos = self.fs.get_file_info(FileSelector(base, allow_not_found=True))
         return sorted(i.base_name for i in infos if i.type == FileType.File)
 
+    def listdir_dirs(self) -> list[str]:
+        """Names of the subdirectories directly in this directory (sorted)."""
+        from pyarrow.fs import FileSelector, FileType
+
+        infos = self.fs.get_file_info(FileSelector(self.path, allow_not_found=True))
+        return sorted(i.base_name for i in infos if i.type == FileType.Directory)
+
     def remove_tree(self, sub: str) -> None:
         """Delete the subdirectory ``sub`` and everything in it (nothing if absent)."""
         with contextlib.suppress(FileNotFoundError):
@@ -146,3 +157,60 @@ class OutDir:
             raise
         except Exception as e:  # NOTE: pyarrow raises OSError subclasses and ArrowException
             raise OutputError(self.shown, f"not writable: {type(e).__name__}: {e}") from None
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        """Hold this destination for one run: a second run that claims it meanwhile gets an
+        :class:`OutputError` naming the holder, instead of mixing its rows into this run's.
+
+        NOTE: an exclusive ``flock`` on :data:`LOCK_FILE`, so the claim ends with the process
+        however it ends (a SIGKILL leaves the file, not the lock). Only a directory on this
+        machine's filesystem can be claimed: pyarrow's object stores have no exclusive create,
+        so a URI destination is not claimed (two runs must not share one).
+        """
+        local = self.local
+        if local is None:
+            yield
+            return
+        import fcntl
+
+        self.make()
+        path = local / LOCK_FILE
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise OutputError(self.shown, f"another run is writing here ({holder}); wait "
+                                  "for it to end or choose another --out") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder released and removed it between our open and lock
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            os.close(fd)  # NOTE: unlinked while still locked, so no one locks the old file
+
+
+LOCK_FILE = ".dynbranch-run.lock"
+"""The file a running replay holds locked in its local result directory."""
+
+
+def _read_holder(fd: int) -> str:
+    """Who holds a claim, from its lock file ("pid 123 on host")."""
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {holder['pid']} on {holder['host']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that has not written its name yet"
+

@@ -8,7 +8,8 @@ request's end, and whenever it is told to (an interrupt). :meth:`ResultStream.cl
 the final ``requests.parquet``/``stages.parquet``/… and ``summary.json``
 (:func:`~dynbranch.results.write_results`) and only then removes the shards. A run killed
 outright (SIGKILL, a lost node) therefore leaves its finished requests in ``parts/``;
-:func:`read_partial` reads them back.
+:func:`read_partial` reads them back. A later run into the same directory first moves such
+shards aside (:func:`set_aside_stopped_run`), so they are neither lost nor mixed into its own.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from dynbranch.errors import OutputError
 from dynbranch.outdir import OutDir
 from dynbranch.results import StageTally
 from dynbranch.runtime.runlog import BranchRecord, RequestRecord, StageRecord
@@ -169,10 +171,17 @@ def _branch_rows(out: OutDir, names: Sequence[str]) -> Iterator[dict[str, Any]]:
     (every branch has a number, 0, 1, …: each is written exactly once).
     """
     waiting: list[tuple[int, dict[str, Any]]] = []
+    numbers: set[int] = set()  # of the rows waiting
     following = 0
     for row in _shard_rows(out, names, "branches"):
-        heapq.heappush(waiting, (row.pop(SEQ), row))
+        seq = row.pop(SEQ)
+        if seq < following or seq in numbers:  # NOTE: else the heap would compare two rows
+            raise OutputError(out.shown, f"two branch rows numbered {seq} in {PARTS}/: shards "
+                              "of more than one run")
+        heapq.heappush(waiting, (seq, row))
+        numbers.add(seq)
         while waiting and waiting[0][0] == following:
+            numbers.discard(following)
             yield heapq.heappop(waiting)[1]
             following += 1
     while waiting:  # only if a shard went missing: the rest, still in order
@@ -189,6 +198,35 @@ def _jsonl(rows: Sequence[Mapping[str, Any]]) -> bytes:
         buf.write(json.dumps(row, sort_keys=True, default=str))
         buf.write("\n")
     return buf.getvalue().encode("utf-8")
+
+
+STOPPED = "stopped-"
+"""The prefix of the subdirectories that keep the shards of runs that stopped unfinished."""
+
+
+def set_aside_stopped_run(out: OutDir | Path | str) -> str | None:
+    """Move the shards a stopped run left in ``out/parts`` to ``out/stopped-K/parts`` (the
+    first free K) and return ``stopped-K``; ``None`` when there are none.
+
+    NOTE: a run starts here, holding the destination (:meth:`OutDir.claimed`), so shards
+    already there belong to a run that ended without writing its final files (SIGKILL, a lost
+    node). Left in place they would be read back with this run's as if its own; deleted, the
+    only record of those requests would be gone. ``read_partial(out / "stopped-K")`` reads them.
+    """
+    out = OutDir.parse(out)
+    names = out.listdir(PARTS)
+    if not names:
+        return None
+    taken = set(out.listdir_dirs())
+    k = 1
+    while f"{STOPPED}{k}" in taken:
+        k += 1
+    aside = f"{STOPPED}{k}"
+    out.fs.create_dir(out.file(f"{aside}/{PARTS}"), recursive=True)
+    for name in names:  # NOTE: file by file: an object store cannot move a directory
+        out.fs.move(out.file(f"{PARTS}/{name}"), out.file(f"{aside}/{PARTS}/{name}"))
+    out.remove_tree(PARTS)
+    return aside
 
 
 def read_partial(out: OutDir | Path | str) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from dynbranch.cli import main
+from dynbranch.errors import OutputError
 from dynbranch.outdir import OutDir
 from dynbranch.resultlog import PARTS, ResultStream, read_partial
 from dynbranch.runtime.runlog import RequestRecord, StageRecord
@@ -208,3 +209,78 @@ def test_a_result_file_that_fails_while_streaming_leaves_the_old_one(tmp_path):
         raise RuntimeError("halfway")
     assert (tmp_path / "stages.parquet").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stages.parquet"]
+
+
+def _quick_replay(out: Path, requests: int = 6) -> int:
+    return main(["replay", "--backend", "local", "--clock", "virtual", "--requests",
+                 str(requests), "--quiet", "--out", str(out)])
+
+
+def test_a_stopped_runs_shards_are_set_aside_not_mixed_into_the_next_run(tmp_path, capsys):
+    """A run killed outright leaves its shards; a later run into the same directory moves
+    them to ``stopped-1/parts`` (still readable) and writes only its own rows."""
+    from dynbranch.resultlog import SEQ
+
+    out = OutDir.parse(tmp_path)
+    old = {"request_id": "old-0", "arrival": 0.0, "start": 0.0, "end": 1.0,
+           "status": "completed"}
+    out.write_text(f"{PARTS}/requests-00007.jsonl", json.dumps(old) + "\n")
+    out.write_text(f"{PARTS}/stages-00007.jsonl", json.dumps({"request_id": "old-0"}) + "\n")
+    out.write_text(f"{PARTS}/branches-00007.jsonl",
+                   json.dumps({"request_id": "old-0", SEQ: 0}) + "\n")
+    assert _quick_replay(tmp_path) == 0
+    assert "moved them to" in capsys.readouterr().err
+    requests = pd.read_parquet(tmp_path / "requests.parquet")
+    assert len(requests) == 6 and "old-0" not in set(requests.request_id)
+    assert "old-0" not in set(pd.read_parquet(tmp_path / "stages.parquet").request_id)
+    assert not (tmp_path / PARTS).exists()
+    kept, kept_stages = read_partial(tmp_path / "stopped-1")
+    assert list(kept.request_id) == ["old-0"] and list(kept_stages.request_id) == ["old-0"]
+    out.write_text(f"{PARTS}/requests-00001.jsonl", json.dumps(old) + "\n")
+    assert _quick_replay(tmp_path) == 0  # a second stopped run goes beside the first
+    assert sorted(p.name for p in tmp_path.glob("stopped-*")) == ["stopped-1", "stopped-2"]
+
+
+def test_a_destination_is_held_by_one_run_at_a_time(tmp_path, capsys):
+    out = OutDir.parse(tmp_path)
+    with out.claimed():
+        holder = json.loads((tmp_path / ".dynbranch-run.lock").read_text())
+        assert holder["pid"] == os.getpid()
+        busy = f"another run is writing here \\(pid {os.getpid()}"
+        with pytest.raises(OutputError, match=busy), out.claimed():
+            pass
+        assert _quick_replay(tmp_path) == 2  # refused before anything runs
+        assert "another run is writing here" in capsys.readouterr().err
+        assert not (tmp_path / "summary.json").exists()
+    assert not (tmp_path / ".dynbranch-run.lock").exists()
+    with out.claimed():  # released: claimable again
+        pass
+
+
+def test_a_claim_ends_with_its_process_however_it_ends(tmp_path):
+    code = ("import sys, time; from dynbranch.outdir import OutDir\n"
+            "with OutDir.parse(sys.argv[1]).claimed():\n"
+            "    print('held', flush=True); time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(OutputError, match=f"pid {proc.pid}"), OutDir.parse(tmp_path).claimed():
+            pass
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert (tmp_path / ".dynbranch-run.lock").exists()  # SIGKILL leaves the file, not the lock
+    with OutDir.parse(tmp_path).claimed():
+        pass
+
+
+def test_branch_rows_of_two_runs_are_refused_by_name(tmp_path):
+    from dynbranch.resultlog import SEQ, _branch_rows
+
+    out = OutDir.parse(tmp_path)
+    for n in (1, 2):
+        out.write_text(f"{PARTS}/branches-{n:05d}.jsonl",
+                       json.dumps({"request_id": f"r{n}", SEQ: 0}) + "\n")
+    with pytest.raises(OutputError, match="two branch rows numbered 0"):
+        list(_branch_rows(out, out.listdir(PARTS)))
