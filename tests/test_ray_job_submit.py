@@ -18,12 +18,14 @@ pytestmark = pytest.mark.ray
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
-GCS_PORT, DASHBOARD_PORT, AGENT_PORT = 6393, 8393, 52393  # apart from other tests' heads
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
+def _free_port() -> int:
+    """A TCP port no one listens on now (chosen by the kernel): two test runs on one machine
+    must not both start a Ray head on a fixed port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +33,19 @@ def job_head():
     ray_cli = shutil.which("ray", path=str(BIN)) or shutil.which("ray")
     if ray_cli is None:
         pytest.skip("the `ray` command is not installed beside this Python")
-    if not all(map(_free, (GCS_PORT, DASHBOARD_PORT, AGENT_PORT))):
-        pytest.skip(f"ports {GCS_PORT}/{DASHBOARD_PORT}/{AGENT_PORT} are taken on this machine")
+    gcs_port, dashboard_port, agent_port = _free_port(), _free_port(), _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     # NOTE: --block: terminating `ray start` stops exactly what it started (never `ray stop`).
     head = subprocess.Popen(
-        [ray_cli, "start", "--head", "--block", f"--port={GCS_PORT}", "--num-cpus=2",
+        [ray_cli, "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=2",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={DASHBOARD_PORT}", f"--dashboard-agent-listen-port={AGENT_PORT}",
+         f"--dashboard-port={dashboard_port}", f"--dashboard-agent-listen-port={agent_port}",
          "--disable-usage-stats", '--resources={"dynbranch_engine": 2}'],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        _wait_for_jobs(head, env)
-        yield f"http://127.0.0.1:{DASHBOARD_PORT}", f"127.0.0.1:{GCS_PORT}", env
+        dashboard = f"http://127.0.0.1:{dashboard_port}"
+        _wait_for_jobs(head, env, dashboard)
+        yield dashboard, f"127.0.0.1:{gcs_port}", env
     finally:
         head.terminate()
         try:
@@ -52,14 +54,15 @@ def job_head():
             head.kill()
 
 
-def _wait_for_jobs(head: subprocess.Popen, env: dict, timeout: float = 120.0) -> None:
+def _wait_for_jobs(head: subprocess.Popen, env: dict, dashboard: str,
+                   timeout: float = 120.0) -> None:
     """Until the job API lists jobs (the dashboard answers before its job agent is up)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if head.poll() is not None:
             pytest.fail(f"`ray start --head` exited with {head.returncode}")
         probe = subprocess.run(
-            [str(BIN / "ray"), "job", "list", "--address", f"http://127.0.0.1:{DASHBOARD_PORT}"],
+            [str(BIN / "ray"), "job", "list", "--address", dashboard],
             capture_output=True, text=True, env=env, timeout=60)
         if probe.returncode == 0:
             return
