@@ -19,6 +19,7 @@ from dynbranch.predictors.drafter import (
     DrafterPredictor,
     parse_vote,
     rank_by_votes,
+    render_prompt,
 )
 from dynbranch.runtime.run import FillOptions, GateOptions, RunContext
 from dynbranch.workflow import BranchCoordinate, BranchPoint
@@ -358,3 +359,24 @@ def test_a_baseline_with_its_own_fill_budgets_drafts_beside_the_decision_too():
             plan = next(s for s in orch.log.stages if s.request_id == r.request_id
                         and s.stage == "plan" and not s.speculative)
             assert plan.start == r.start  # the decision did not wait for the draft
+
+
+class _Index:
+    """An object a predictor reads from the evidence (ReAct's passage index)."""
+
+
+def test_the_prompt_holds_the_evidence_text_and_no_object_whatever_its_address():
+    """An object in the evidence is left out of the drafter's prompt: rendered, its repr
+    held its memory address, so the prompt's tokens (and every later time of a run) varied
+    with where it landed. A set comes out sorted."""
+    def prompt(index: _Index) -> str:
+        ctx = BranchContext("r", BranchCoordinate("react", "think", 0), (),
+                            {"question": "Who?", "index": index, "searched": ["A"],
+                             "seen": {"b", "a"}, "nested": {"x": [1, index]}})
+        return render_prompt(ctx, ["A", "B"], 10_000)
+
+    first, second = prompt(_Index()), prompt(_Index())
+    assert first == second
+    assert "object at" not in first and "_Index" not in first
+    assert ('"nested": {"x": [1]}, "question": "Who?", "searched": ["A"], "seen": ["a", "b"]'
+            in first)

@@ -248,14 +248,38 @@ def render_prompt(ctx: BranchContext, pool: Sequence[str], max_context_chars: in
     """The drafter's prompt: the branch, its evidence (the last ``max_context_chars``) and
     the candidates to choose from. The same for every sample of a branch, so an engine
     with prefix caching computes it once."""
-    evidence = {k: v for k, v in ctx.evidence.items() if k != FEATURES_KEY}
-    text = json.dumps(evidence, sort_keys=True, ensure_ascii=False, default=str)
+    evidence = _plain({k: v for k, v in ctx.evidence.items() if k != FEATURES_KEY})
+    text = json.dumps(evidence, sort_keys=True, ensure_ascii=False)
     text = text[-max_context_chars:] if max_context_chars else ""
     options = "\n".join(f"- {c}" for c in pool)
     return (
         f"Predict the next decision of {ctx.coordinate}.\nContext: {text}\n"
         f"Candidates:\n{options}\nAnswer with exactly one candidate.\nAnswer: "
     )
+
+
+_LEFT_OUT = object()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON would write it, without what is not text or numbers (left out).
+
+    NOTE: evidence may carry the objects a predictor reads (ReAct's passage index for the
+    entity ranker); written with ``default=str`` they put their memory address into the
+    prompt, so its token count, the draft's engine time and every later timestamp of a run
+    varied with where the object landed in memory (three values of a 100-request ReAct
+    drafter replay's mean latency across runs). A set is written sorted, as a list.
+    """
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, Mapping):
+        items = ((str(k), _plain(v)) for k, v in value.items())
+        return {k: v for k, v in items if v is not _LEFT_OUT}
+    if isinstance(value, list | tuple):
+        return [v for v in map(_plain, value) if v is not _LEFT_OUT]
+    if isinstance(value, set | frozenset):
+        return sorted((v for v in map(_plain, value) if v is not _LEFT_OUT), key=repr)
+    return _LEFT_OUT
 
 
 THINK_END = "</think>"
