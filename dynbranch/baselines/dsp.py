@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -238,17 +239,21 @@ class DSPPolicy(FillPolicy):
     def __init__(self, config: DSPConfig) -> None:
         self.config = config
         self.learner = DepthLearner(config)
-        self._planned: dict[int, int] = {}  # id(session) -> k, until its fill is chosen
+        # NOTE: weakly keyed by the session itself: an entry whose branch resolved before its
+        # fill was chosen goes with the session (keyed by id() it stayed, and a later session
+        # at the same address could have found it).
+        self._planned: weakref.WeakKeyDictionary[BranchSession, int] = (
+            weakref.WeakKeyDictionary())
 
     async def generation(self, session: BranchSession) -> bool:
         k = self.learner.plan(stage_key(session.point.coordinate))
         if k > 0:
-            self._planned[id(session)] = k
+            self._planned[session] = k
         return k > 0
 
     async def choose(self, session: BranchSession,
                      ranked: Sequence[Ranked]) -> list[FillChoice]:
-        k = self._planned.pop(id(session), 0)
+        k = self._planned.pop(session, 0)
         if not ranked or k <= 0:
             return []
         budget = DSPDepth(k, key=stage_key(session.point.coordinate))
