@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,9 @@ def run(quick: bool, out: Path) -> Experiment:
     rows = []
     for name, scenario in scenarios:
         print(f"faults: {name} ...", file=sys.stderr, flush=True)
+        # NOTE: each scenario is read from what it leaves in its directory (its final files,
+        # or the shards of a run killed outright), so an earlier run's files there go first.
+        shutil.rmtree(out / ("malformed" if name == "malformed-data" else name), ignore_errors=True)
         rows.append({"fault": name, **scenario()})
     return Experiment("faults", rows, {}, _report(rows, quick))
 
