@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
@@ -27,7 +29,7 @@ def head_node(tmp_path_factory):
     if ray_cli is None:
         pytest.skip("the `ray` command is not installed beside this Python")
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    port = _free_port()
+    port = free_port()
     # NOTE: --block keeps `ray start` in the foreground and makes it stop exactly the Ray
     # processes it started when terminated; `ray stop` would kill every Ray on the machine.
     head = subprocess.Popen(
@@ -55,13 +57,6 @@ def head_node(tmp_path_factory):
         except subprocess.TimeoutExpired:
             head.kill()
 
-
-def _free_port() -> int:
-    """A TCP port no one listens on now (chosen by the kernel): two test runs on one machine
-    must not both start a Ray head on a fixed port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for_port(port: int, head: subprocess.Popen, timeout: float = 90.0) -> None:
@@ -178,7 +173,7 @@ def test_start_node_head_turns_token_auth_on_and_keeps_the_dashboard_local(head_
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard = free_port(), free_port()
     head = subprocess.Popen(
         [
             "bash",

@@ -5,13 +5,14 @@ instead of stranding them in Ray's per-session copy of the working directory."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_port
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -20,20 +21,13 @@ BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _free_port() -> int:
-    """A TCP port no one listens on now (chosen by the kernel): two test runs on one machine
-    must not both start a Ray head on a fixed port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def job_head():
     ray_cli = shutil.which("ray", path=str(BIN)) or shutil.which("ray")
     if ray_cli is None:
         pytest.skip("the `ray` command is not installed beside this Python")
-    gcs_port, dashboard_port, agent_port = _free_port(), _free_port(), _free_port()
+    gcs_port, dashboard_port, agent_port = free_port(), free_port(), free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     # NOTE: --block: terminating `ray start` stops exactly what it started (never `ray stop`).
     head = subprocess.Popen(
