@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +31,7 @@ from dynbranch.gate import (
     betainc,
     betaincc,
 )
+from dynbranch.gate.beta import quantile_upper_bound
 
 P32 = load_profile("qwen3-32b@h200")
 MODEL = ContentionModel.from_profile(P32)
@@ -224,3 +227,66 @@ def test_checkpoint_round_trip_over_random_histories(branches, seed):
         "coord0", probe, LoadView(rho=0.1), 99.0
     )
     assert restored.generation("coord1", 99.0) == gate.generation("coord1", 99.0)
+
+
+# -- refusing on a bound of the quantile ------------------------------------------------------
+
+wide_shapes = st.floats(-0.7, 5.0).map(lambda e: 10.0**e)  # 0.2 … 100,000
+
+
+@settings(max_examples=400, deadline=None)
+@given(wide_shapes, wide_shapes, levels)
+@example(290.0, 30_000.0, 1.0 - 1e-5)  # a low decile of Routing's router, late in a run
+def test_the_quantile_bound_is_never_below_the_quantile(a, b, q):
+    assert quantile_upper_bound(a, b, q) >= beta_quantile(a, b, q)
+
+
+def _history(branches, seed: int, policy: str) -> tuple[list[list], dict]:
+    """Admissions and final state of one gate over a random history, learning as it goes."""
+    gate = Gate(MODEL, GateConfig(policy=policy, p_star=0.3, seed=seed, audit_rate=0.3))
+    out = []
+    for b, (raw, view, chosen, confidences) in enumerate(branches):
+        cands = [replace(c, confidence=confidences[c.rank % len(confidences)])
+                 for c in _candidates(raw, f"b{b}c")]
+        admissions = gate.admit(f"coord{b % 3}", cands, view, float(b))
+        out.append(admissions)
+        for a in admissions:
+            if a.reservation is not None:
+                gate.release(a.reservation)
+        for c in cands:
+            picked = c.rank == chosen
+            gate.observe(c.stage_key, c.rank, picked, usable=picked or None,
+                         confidence=c.confidence)
+    return out, gate.state()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(candidate_sets, views, st.integers(-1, 5),
+                       st.lists(st.floats(0.0, 1.0), min_size=1, max_size=6)),
+             min_size=1, max_size=40),
+    st.integers(0, 3),
+    st.sampled_from(["priced", "fixed_threshold"]),
+)
+def test_refusing_on_the_bound_decides_exactly_as_solving_every_quantile(branches, seed, policy):
+    """The gate skips the quantile of a candidate its upper bound already refuses; every
+    decision, reservation, audit and the learnt state are those of a gate that solves each
+    one, and a record marked ``bounded`` only overstates a refused candidate's p and
+    utility."""
+    import dynbranch.gate.gate as gate_module
+
+    lazy, lazy_state = _history(branches, seed, policy)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gate_module._Optimism, "solved", property(lambda self: True))
+        eager, eager_state = _history(branches, seed, policy)
+    assert lazy_state == eager_state
+    for mine, theirs in zip(lazy, eager, strict=True):
+        for a, e in zip(mine, theirs, strict=True):
+            assert not e.bounded
+            if a.bounded:
+                assert (a.reason, a.audit, a.reservation) == (e.reason, False, None)
+                assert a.p_sel >= e.p_sel and a.utility_ms >= e.utility_ms
+                assert replace(a, p_tilde=e.p_tilde, p_sel=e.p_sel, utility_ms=e.utility_ms,
+                               bounded=False) == e
+            else:
+                assert a == e

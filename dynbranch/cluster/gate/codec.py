@@ -77,14 +77,16 @@ def encode_admission(a: Admission) -> list:
         a.utility_ms,
         a.reason,
         a.audit,
+        a.bounded,
         receipt,
     ]
 
 
 def decode_admission(row: list) -> Admission:
     """The inverse of :func:`encode_admission`."""
-    *values, receipt = row
-    return Admission(*values, reservation=None if receipt is None else decode_receipt(receipt))
+    *values, bounded, receipt = row
+    return Admission(*values, reservation=None if receipt is None else decode_receipt(receipt),
+                     bounded=bounded)
 
 
 def encode_settlement(s: Settlement) -> list:
