@@ -31,12 +31,13 @@ TARGETS = ("engine", "store", "gate", "none")
 class FaultSpec:
     """A replay (``replay``: :class:`~dynbranch.driver.ReplayConfig` fields) and its fault:
     kill ``target`` (``engine``, ``store``, ``gate`` or ``none``) number ``index`` at
-    ``at_s`` seconds after the engines started."""
+    ``at_s`` seconds after the engines started; for an engine, ``index=None`` picks the one
+    running the most requests then (the lowest number of those tied)."""
 
     out: str
     target: str = "none"
     at_s: float = 5.0
-    index: int = 1
+    index: int | None = 1
     replay: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -71,6 +72,12 @@ class FaultyBackend(RayBackend):
         await asyncio.sleep(self.spec.at_s)
         target, i = self.spec.target, self.spec.index
         if target == "engine":
+            if i is None:
+                # NOTE: the busiest engine, so the kill cuts calls short: an idle one can be
+                # rebuilt before anything calls it, and the run then never sees it go down.
+                loads = await asyncio.gather(*(a.load.remote() for a in self._actors))
+                i = max(range(len(loads)), key=lambda k: (loads[k].running, -k))
+                self.injected["running_at_kill"] = loads[i].running
             pid = await self._actors[i].pid.remote()
             os.kill(pid, signal.SIGKILL)
         elif target == "store":

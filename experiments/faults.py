@@ -80,7 +80,7 @@ def run(quick: bool, out: Path) -> Experiment:
         (
             "engine-kill",
             lambda: _ray(
-                out, "engine-kill", FaultSpec(str(out / "engine-kill"), "engine", kill_at, 0, base)
+                out, "engine-kill", FaultSpec(str(out / "engine-kill"), "engine", kill_at, None, base)
             ),
         ),
         (
@@ -271,6 +271,8 @@ def _notes(out: Path, injected: Mapping[str, Any]) -> dict[str, Any]:
     if summary.get("cleanup_errors"):
         notes["cleanup_errors"] = summary["cleanup_errors"]
     notes["killed"] = injected.get("target", "nothing")
+    if "running_at_kill" in injected:
+        notes["running_at_kill"] = injected["running_at_kill"]
     return notes
 
 
