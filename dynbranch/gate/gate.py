@@ -437,7 +437,9 @@ class Gate:
         Every decision is the same as with the quantile solved: each candidate that passes,
         and each that an audit compares, is scored at its solved quantile. Most of a
         Routing router branch's 18 candidates sit in low-probability deciles and are refused
-        this way; the solves were about an eighth of a replay's time.
+        this way: in a Routing ``full`` replay at 4 req/s, 3.7 % of the candidates' quantiles
+        were solved over 1,000 requests and 11.8 % over 4,000 (the bound widens as log t);
+        the replay ran 10 % faster at 1,000 requests and 3 % at 10,000 (side by side).
         """
         o = probs[c.name]
         if not (solve or o.solved):
