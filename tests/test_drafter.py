@@ -6,6 +6,7 @@ import asyncio
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dynbranch.arms.registry import get_arm
@@ -372,11 +373,12 @@ def test_the_prompt_holds_the_evidence_text_and_no_object_whatever_its_address()
     def prompt(index: _Index) -> str:
         ctx = BranchContext("r", BranchCoordinate("react", "think", 0), (),
                             {"question": "Who?", "index": index, "searched": ["A"],
-                             "seen": {"b", "a"}, "nested": {"x": [1, index]}})
+                             "seen": {"b", "a"}, "nested": {"x": [1, index]},
+                             "count": np.int64(2), "keyed": {index: 1, "k": 2}})
         return render_prompt(ctx, ["A", "B"], 10_000)
 
     first, second = prompt(_Index()), prompt(_Index())
     assert first == second
     assert "object at" not in first and "_Index" not in first
-    assert ('"nested": {"x": [1]}, "question": "Who?", "searched": ["A"], "seen": ["a", "b"]'
-            in first)
+    assert ('{"count": 2, "keyed": {"k": 2}, "nested": {"x": [1]}, "question": "Who?", '
+            '"searched": ["A"], "seen": ["a", "b"]}' in first)

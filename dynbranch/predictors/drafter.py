@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import numbers
 import random
 import re
 import zlib
@@ -272,8 +273,13 @@ def _plain(value: Any) -> Any:
     """
     if value is None or isinstance(value, str | int | float | bool):
         return value
+    if isinstance(value, numbers.Integral):  # e.g. numpy's, which JSON cannot write
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
     if isinstance(value, Mapping):
-        items = ((str(k), _plain(v)) for k, v in value.items())
+        items = ((str(k), _plain(v)) for k, v in value.items()
+                 if k is None or isinstance(k, str | int | float | bool))
         return {k: v for k, v in items if v is not _LEFT_OUT}
     if isinstance(value, list | tuple):
         return [v for v in map(_plain, value) if v is not _LEFT_OUT]
