@@ -76,41 +76,26 @@ def run(quick: bool, out: Path) -> Experiment:
     n, rate = (40, 2.0) if quick else (120, 3.0)
     base = {"workload": "routing", "arm": "full", "workers": 4, "requests": n, "rate": rate}
     kill_at = 0.3 * n / rate
-    scenarios: list[tuple[str, Callable[[], dict[str, Any]]]] = [
-        (
-            "engine-kill",
-            lambda: _ray(
-                out, "engine-kill", FaultSpec(str(out / "engine-kill"), "engine", kill_at, None, base)
-            ),
-        ),
-        (
-            "gate-kill",
-            lambda: _ray(
-                out, "gate-kill", FaultSpec(str(out / "gate-kill"), "gate", kill_at, 0, base)
-            ),
-        ),
-        (
-            "store-kill",
-            lambda: _ray(
-                out, "store-kill", FaultSpec(str(out / "store-kill"), "store", kill_at, 0, base)
-            ),
-        ),
-        ("sigint", lambda: _sigint(out / "sigint", base, kill_at)),
-        (
-            "overload",
-            lambda: _ray(
-                out, "overload", FaultSpec(str(out / "overload"), "none", 0.0, 0, _overload(quick))
-            ),
-        ),
-        ("malformed-data", lambda: malformed_row(out / "malformed")),
+    # NOTE: (fault, its directory, the scenario run in it)
+    scenarios: list[tuple[str, str, Callable[[Path], dict[str, Any]]]] = [
+        ("engine-kill", "engine-kill",
+         lambda d: _ray(FaultSpec(str(d), "engine", kill_at, None, base))),
+        ("gate-kill", "gate-kill",
+         lambda d: _ray(FaultSpec(str(d), "gate", kill_at, 0, base))),
+        ("store-kill", "store-kill",
+         lambda d: _ray(FaultSpec(str(d), "store", kill_at, 0, base))),
+        ("sigint", "sigint", lambda d: _sigint(d, base, kill_at)),
+        ("overload", "overload",
+         lambda d: _ray(FaultSpec(str(d), "none", 0.0, 0, _overload(quick)))),
+        ("malformed-data", "malformed", malformed_row),
     ]
     rows = []
-    for name, scenario in scenarios:
+    for name, sub, scenario in scenarios:
         print(f"faults: {name} ...", file=sys.stderr, flush=True)
         # NOTE: each scenario is read from what it leaves in its directory (its final files,
         # or the shards of a run killed outright), so an earlier run's files there go first.
-        shutil.rmtree(out / ("malformed" if name == "malformed-data" else name), ignore_errors=True)
-        rows.append({"fault": name, **scenario()})
+        shutil.rmtree(out / sub, ignore_errors=True)
+        rows.append({"fault": name, **scenario(out / sub)})
     return Experiment("faults", rows, {}, _report(rows, quick))
 
 
@@ -132,7 +117,7 @@ def _timeout(replay: Mapping[str, Any]) -> float:
     return 120.0 + 4.0 * replay["requests"] / replay["rate"]
 
 
-def _ray(out: Path, name: str, spec: FaultSpec) -> dict[str, Any]:
+def _ray(spec: FaultSpec) -> dict[str, Any]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "experiments.fault_inject", json.dumps(asdict(spec))],
         cwd=ROOT,

@@ -20,7 +20,7 @@ def test_each_scenario_starts_from_an_empty_directory(tmp_path, monkeypatch):
         seen.append((out.name, out.exists()))
         return {}
 
-    monkeypatch.setattr(faults, "_ray", lambda _out, _name, spec: look(Path(spec.out)))
+    monkeypatch.setattr(faults, "_ray", lambda spec: look(Path(spec.out)))
     monkeypatch.setattr(faults, "_sigint", lambda out, _replay, _after: look(out))
     monkeypatch.setattr(faults, "malformed_row", look)
     monkeypatch.setattr(faults, "_report", lambda rows, quick: f"{len(rows)} rows")
