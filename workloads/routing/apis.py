@@ -188,6 +188,7 @@ class ApiState:
                                    **({"long_context": True} if long_context else {})})[:16]
                         for c in classes}
         self._owner: dict[str, str] = {}
+        self._signatures: dict[str, inspect.Signature] = {}
         for cls, instance in self.instances.items():
             for name, _ in inspect.getmembers(instance, inspect.ismethod):
                 if not name.startswith("_"):
@@ -207,8 +208,11 @@ class ApiState:
             raise LookupError(
                 f"no involved class ({', '.join(self.instances)}) has a method {call.name!r}"
             )
-        method = getattr(self.instances[cls], call.name)
-        return cls, inspect.signature(method).bind(*call.args, **call.kwargs)
+        signature = self._signatures.get(call.name)
+        if signature is None:  # NOTE: a method's signature is read once, not per call
+            method = getattr(self.instances[cls], call.name)
+            signature = self._signatures[call.name] = inspect.signature(method)
+        return cls, signature.bind(*call.args, **call.kwargs)
 
     def execute(self, cls: str, call: ParsedCall, bound: inspect.BoundArguments) -> Any:
         """Run the call and return a JSON-able copy of its value; exceptions propagate.

@@ -233,11 +233,13 @@ class RoutingRequest(RequestInstance):
         doc = {c: len(self._doc_words(c) & said) for c in self.candidates if c != END_OF_TURN}
         best = max(doc.values(), default=0)
         features = {}
+        ordered = [f"word:{w}>" for w in sorted(said)]  # NOTE: once, not once per candidate
         for c in self.candidates:
             listed = [f"{previous} -> {c}"]
             if c == END_OF_TURN:
-                listed.append(f"end-after={min(len(executed), 3)}")
-                listed.extend(f"word:{w}>end-after={min(len(executed), 3)}" for w in sorted(said))
+                end = f"end-after={min(len(executed), 3)}"
+                listed.append(end)
+                listed.extend([w + end for w in ordered])
             else:
                 listed.append(f"name-overlap={min(3, len(_name_words(c) & said))}")
                 listed.append(f"doc-overlap={min(4, doc[c])}")
@@ -245,7 +247,7 @@ class RoutingRequest(RequestInstance):
                     listed.append("doc-best")
                 if c in called:
                     listed.append("called-this-turn")
-                listed.extend(f"word:{w}>{c}" for w in sorted(said))
+                listed.extend([w + c for w in ordered])
             features[c] = listed
         return {"turn": turn, FEATURES_KEY: features}
 
