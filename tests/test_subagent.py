@@ -20,11 +20,19 @@ from dynbranch.datasets import resolve_data_dir
 from dynbranch.decode_lengths import THINK_CLOSE, THINK_OPEN, decision_of
 from dynbranch.engines.tokenizer import count_tokens
 from dynbranch.errors import ConfigError, DataMissingError, MalformedRecordError
+from dynbranch.predictors.plans import PlanMemory, split_subtopic
+from dynbranch.predictors.subtopic import observed_plan, rank_subtopics
 from dynbranch.workflow import BranchCoordinate
 from dynbranch.workload import DataConfig, MeasuredCost
 from workloads import get_workload
 from workloads.analysis.trace import TraceContext, trace_all, trace_request
-from workloads.musique import load_decompositions, subtopic_entity
+from workloads.musique import (
+    SUBTOPIC_SEP,
+    line_refs,
+    load_decompositions,
+    substitute_refs,
+    subtopic_entity,
+)
 from workloads.react.lengths import SUBAGENT_DECODE, SUBAGENT_LENGTHS, theta
 from workloads.subagent import (
     MAX_SUBTOPICS,
@@ -34,7 +42,8 @@ from workloads.subagent import (
     SubAgentWorkload,
     parse_plan,
 )
-from workloads.subagent.template import SUBAGENT_STAGES
+from workloads.subagent.template import SUBAGENT_STAGES, TEMPLATE_REFERENCES
+from workloads.subagent.workload import known_plan
 
 FIXTURE = Path(__file__).parent / "fixtures" / "musique"
 DATA = DataConfig(FIXTURE, Path("/nonexistent-cache"))
@@ -286,6 +295,105 @@ def test_options_and_registry():
     ids = [r.request_id for r in fixture_requests("test", 7, seed=1)]
     assert ids == [r.request_id for r in fixture_requests("test", 7, seed=1)]
     assert ids[0].startswith("subagent-00000-")
+
+
+# -- plans written with references -----------------------------------------------------------
+
+
+def test_plan_lines_write_bridges_as_references():
+    for record in SubAgentWorkload().load(DATA).records:
+        for step in record.steps:
+            earlier = {s.index: s.answer for s in record.steps[: step.index]}
+            assert substitute_refs(step.plan_line, earlier) == step.subtopic
+            assert bool(line_refs(step.plan_line)) == bool(step.refs)
+            for answer in earlier.values():
+                if step.refs:
+                    assert answer not in step.plan_line
+    three = by_record(fixture_requests(), "3hop1__1004_1005_1006").record
+    assert [s.plan_line for s in three.steps][1:] == [
+        f"#1{SUBTOPIC_SEP}{three.steps[1].question.split('>>')[1].strip()}",
+        f"#2{SUBTOPIC_SEP}{three.steps[2].question.split('>>')[1].strip()}",
+    ]
+    assert substitute_refs("#1 >> #3 or #2", {0: "A", 1: "B"}) == "A >> #3 or B"
+    assert line_refs("#2 and #1 and #2") == (1, 0)
+
+
+def test_references_research_the_chain_in_order_to_the_same_answer():
+    resolved = {r.record.id: trace_request(r) for r in fixture_requests()}
+    for request in fixture_requests(plan="references"):
+        assert request.template is TEMPLATE_REFERENCES
+        events, fillable = [], {}
+
+        class Ordered(TraceContext):
+            def branch(self, point, request=request, fillable=fillable):
+                for step in request.record.steps:
+                    fillable[step.plan_line] = request.fillable(point, step.plan_line)
+                return super().branch(point)
+
+            async def tool(self, stage, values, events=events):
+                events.append(("start", values["query"]))
+                await asyncio.sleep(0)
+                value = await super().tool(stage, values)
+                events.append(("end", values["query"]))
+                return value
+
+        ctx = Ordered(request)
+        outcome = asyncio.run(request.run(ctx))
+        steps = request.record.steps
+        before = resolved[request.record.id]
+        # the same sub-agents and synthesis as the resolved plan, one plan line each
+        assert outcome.subtopics == before.outcome.subtopics == [s.subtopic for s in steps]
+        assert outcome.findings == [s.answer for s in steps] and request.score(outcome) == 1.0
+        assert [r.input_digest for r in ctx.trace.inputs("synthesise")] == [
+            r.input_digest for r in before.inputs("synthesise")
+        ]
+        ((point, chosen),) = ctx.trace.branches
+        assert chosen == tuple(s.plan_line for s in steps)
+        assert point.evidence["plan"] == "references"
+        # a sub-agent starts only after the sub-agents its line names have ended
+        for step in steps:
+            start = events.index(("start", step.entity))
+            for k in step.refs:
+                assert events.index(("end", steps[k].entity)) < start
+        free = [s for s in steps if not s.refs]
+        assert all(events.index(("start", s.entity)) < len(free) for s in free)
+        assert fillable == {s.plan_line: not s.refs for s in steps}  # "#k" lines wait
+        assert not request.fillable(point, steps[0].plan_line)  # closed after the plan
+
+
+def test_references_predictor_forms_no_chained_candidates():
+    records = SubAgentWorkload().load(DATA).records
+    memory = PlanMemory(known_plan(r) for r in records)
+    as_written = [known_plan(r, "references") for r in records]
+    assert any(line_refs(step.subtopic) for plan in as_written for step in plan.steps)
+    answers = {s.answer for r in records for s in r.steps}
+
+    def chained(question, plan):
+        ranked = rank_subtopics({"question": question, "plan": plan}, memory, 100)
+        return [
+            c
+            for c in ranked
+            if split_subtopic(c)[0] in answers
+            and split_subtopic(c)[0] not in question
+            and c not in memory.steps
+        ]
+
+    questions = [r.question for r in records]
+    assert any(chained(q, "resolved") for q in questions)  # "<answer> >> <relation>"
+    assert not any(chained(q, "references") for q in questions)
+    observed = observed_plan(
+        "Who is the spouse of the Green performer?",
+        ("Green >> performer", "#1 >> spouse"),
+        PlanMemory(),
+    )
+    assert [s.answer for s in observed.steps] == ["", ""]
+
+
+def test_plan_option_is_checked():
+    with pytest.raises(ConfigError, match="plan 'guessed'"):
+        SubAgentWorkload(plan="guessed")
+    assert SubAgentWorkload(plan="references").template is TEMPLATE_REFERENCES
+    assert SubAgentWorkload().template is TEMPLATE
 
 
 # -- the real data ----------------------------------------------------------------------------

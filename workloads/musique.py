@@ -72,6 +72,15 @@ class Step:
     entity: str
     ask: str
     refs: tuple[int, ...] = ()
+    line: str = ""
+
+    @property
+    def plan_line(self) -> str:
+        """The sub-topic as a planner writes it before any step is researched: each earlier
+        answer it names written as that step's ``#k`` (``"#1 >> spouse"``); the sub-topic
+        itself for a step without references. :func:`substitute_refs` with the earlier
+        steps' answers gives back :attr:`subtopic`."""
+        return self.line or self.subtopic
 
     @property
     def subtopic(self) -> str:
@@ -271,23 +280,42 @@ def resolve_step(
     def substitute(text: str) -> str:
         return _REF.sub(lambda m: earlier[int(m.group(1)) - 1].answer, text).strip()
 
+    line = ""
     if SUBTOPIC_SEP.strip() in question:
         left, _, relation = question.partition(SUBTOPIC_SEP.strip())
         entity, ask = substitute(left), relation.strip()
         if not entity or not ask:
             raise ValueError(f"{question!r} is not '<entity> >> <relation>'")
+        if refs:
+            line = f"{left.strip()}{SUBTOPIC_SEP}{ask}"
     elif refs:
         ask = substitute(question)
         title_words = set(normalize_answer(support_title).split())
-        entity = max(
-            (earlier[k].answer for k in refs),
-            key=lambda a: len(title_words & set(normalize_answer(a).split())),
+        bridge = max(
+            refs, key=lambda k: len(title_words & set(normalize_answer(earlier[k].answer).split()))
         )
+        entity = earlier[bridge].answer
+        line = f"#{bridge + 1}{SUBTOPIC_SEP}{question}"
     elif _names_answer(support_title, answer):
         entity = ask = question  # the supporting page is the answer's own: search the words
     else:
         entity, ask = support_title.strip(), question
-    return Step(index, question, answer, support_title, entity, ask, refs)
+    return Step(index, question, answer, support_title, entity, ask, refs, line)
+
+
+def line_refs(line: str) -> tuple[int, ...]:
+    """The steps (0-based, in order of first mention) a plan line's ``#k`` refer to."""
+    return tuple(dict.fromkeys(int(k) - 1 for k in _REF.findall(line)))
+
+
+def substitute_refs(line: str, answers: Mapping[int, str]) -> str:
+    """``line`` with each ``#k`` whose step ``k - 1`` is in ``answers`` written as that answer
+    (a reference to a step not in ``answers`` stays as written), stripped."""
+
+    def answer(m: re.Match[str]) -> str:
+        return answers.get(int(m.group(1)) - 1, m.group(0))
+
+    return _REF.sub(answer, line).strip()
 
 
 def _names_answer(title: str, answer: str) -> bool:

@@ -21,6 +21,10 @@ counted twice), never the branch it ranks.
   ``Steve Hillage``), the remembered sub-topics of that answer and ``"<answer> >>
   <relation>"`` for the cued relations, with ``chained`` the parent's probability.
 
+**Plans written with references** (evidence ``plan`` = ``"references"``): a later step is
+written ``"#1 >> spouse"`` and cannot be filled while the plan is open, so no chained
+candidate is formed (the history's steps are remembered as written, ``#k`` and all).
+
 **Score.** Linear over :data:`FEATURES`, ties by first occurrence, fitted on the ``train``
 split with each question left out of the memory it is ranked against
 (:func:`workloads.analysis.subtopic_accuracy.fit_weights`).
@@ -29,8 +33,9 @@ split with each question left out of the memory it is ranked against
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dynbranch.predictors.base import BranchContext, Predictor
@@ -97,6 +102,7 @@ RELATIONS = 4
 NAMES = 6
 PARENTS = 5
 RELATION_WORDS = 6
+_REFERENCE = re.compile(r"#\d+")
 
 
 @dataclass(frozen=True)
@@ -183,6 +189,8 @@ def observed_plan(question: str, chosen: Sequence[str], memory: PlanMemory) -> K
             else SEPARATOR in subtopic and "?" not in ask and len(ask.split()) <= RELATION_WORDS
         )
         bridge = entities[i + 1] if i + 1 < len(kept) else ""
+        if _REFERENCE.fullmatch(bridge):
+            bridge = ""  # NOTE: a plan written with references: the bridge is not known
         answer = bridge if bridge and bridge.lower() not in question.lower() else ""
         steps.append(KnownStep(subtopic, entities[i], ask, answer, relation))
     return KnownPlan(question, tuple(steps))
@@ -196,6 +204,8 @@ def rank_subtopics(
 ) -> list[str]:
     """Up to ``k`` sub-topics for the question in ``evidence``, best first."""
     w = weights or SubtopicWeights()
+    if evidence.get("plan") == "references" and w.parents:
+        w = replace(w, parents=0)
     scored = score(subtopic_features(str(evidence.get("question", "")), memory, w), w)
     order = sorted(range(len(scored)), key=lambda i: -scored[i][1])
     return [scored[i][0] for i in order[: max(k, 0)]]
@@ -299,7 +309,7 @@ def _parents(
     first: Sequence[tuple[str, float]], memory: PlanMemory, n: int
 ) -> list[tuple[str, float]]:
     """The ``n`` best-scored candidates with a recorded answer and their probability."""
-    if not first:
+    if not first or n <= 0:
         return []
     top = max(s for _, s in first)
     exp = [(c, math.exp(s - top)) for c, s in first]

@@ -13,6 +13,11 @@ wrapped in the workload's decode model (reasoning first, then the decision):
   (:attr:`workloads.musique.Step.subtopic`). Bridge entities appear as the answers they
   stand for — the trace's resolution of them — so every sub-agent can start at once; the
   replayed planner is an oracle over the decomposition, not a model that has to wait.
+  With ``plan="references"`` it writes them as MuSiQue does, ``#k`` for the k-th step's
+  answer (:attr:`workloads.musique.Step.plan_line`): a sub-agent whose line names ``#k``
+  starts when the k-th sub-agent's finding exists, with the finding written in its place,
+  so the plan's chain is researched in order and its later sub-topics are not known while
+  the plan branch is open (only lines without references can be filled there).
 * ``sub_think`` for any sub-topic searches its entity (:func:`~workloads.musique.subtopic_entity`).
 * ``research`` for one of the record's sub-topics answers that step's gold answer, whatever
   the passages (MuSiQue records the answer, not the reading); for a sub-topic off the
@@ -37,11 +42,25 @@ from dynbranch.decode_lengths import RECORDED, DecodeModel, decision_of
 from dynbranch.predictors.plans import KnownPlan
 from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
 from dynbranch.workload import RequestInstance, StageContext, Tool
-from workloads.musique import SUBTOPIC_SEP, MusiqueRecord, exact_match, f1_score, subtopic_entity
+from workloads.musique import (
+    SUBTOPIC_SEP,
+    MusiqueRecord,
+    exact_match,
+    f1_score,
+    line_refs,
+    substitute_refs,
+    subtopic_entity,
+)
 from workloads.react.lengths import theta
 from workloads.react.request import parse_action
 from workloads.react.retrieval import TOOL_NAME, RetrieveTool, passage_values
-from workloads.subagent.template import NO_SUBTOPIC, TEMPLATE, WORKFLOW
+from workloads.subagent.template import (
+    NO_SUBTOPIC,
+    PLANS,
+    TEMPLATE,
+    TEMPLATE_REFERENCES,
+    WORKFLOW,
+)
 
 # NOTE: MuSiQue decompositions have at most 4 steps; the bound only stops a model that lists
 # many more sub-topics from fanning out without limit.
@@ -91,9 +110,14 @@ class SubAgentRequest(RequestInstance):
         top_k: int = 3,
         decode: DecodeModel = RECORDED,
         history: tuple[KnownPlan, ...] = (),
+        plan: str = "resolved",
     ) -> None:
+        if plan not in PLANS:
+            raise ValueError(f"plan {plan!r}: choose one of {', '.join(PLANS)}")
         self.request_id, self.record, self._tool, self.top_k = request_id, record, tool, top_k
-        self.decode, self.history = decode, history
+        self.decode, self.history, self.plan = decode, history, plan
+        if plan == "references":
+            self.template = TEMPLATE_REFERENCES
         self._answers: dict[str, str] = {}
         for step in record.steps:
             self._answers.setdefault(step.subtopic, step.answer)
@@ -108,21 +132,53 @@ class SubAgentRequest(RequestInstance):
         try:
             async with ctx.branch(point) as branch:
                 plan = await ctx.llm("plan", {"question": self.record.question})
-                outcome.subtopics = parse_plan(plan)
-                branch.resolve(*(outcome.subtopics or (NO_SUBTOPIC,)))
+                lines = parse_plan(plan)
+                branch.resolve(*(lines or (NO_SUBTOPIC,)))
         finally:
             self._planning = False
-        outcome.findings = list(
-            await asyncio.gather(*(self.subagent(ctx, s) for s in outcome.subtopics))
-        )
+        if self.plan == "references":
+            outcome.subtopics, outcome.findings = await self.research_chain(ctx, lines)
+        else:
+            outcome.subtopics = lines
+            outcome.findings = list(
+                await asyncio.gather(*(self.subagent(ctx, s) for s in outcome.subtopics))
+            )
         values = self.synthesise_values(outcome.subtopics, outcome.findings)
         outcome.answer = decision_of(await ctx.llm("synthesise", values)).strip()
         return outcome
 
+    async def research_chain(
+        self, ctx: StageContext, lines: Sequence[str]
+    ) -> tuple[list[str], list[str]]:
+        """The sub-agents of a plan written with references: line ``i``'s sub-agent starts
+        once the lines its ``#k`` name (earlier lines only; any other ``#k`` stays as
+        written) have their findings, which replace them in its sub-topic. Returns the
+        sub-topics as researched and their findings, in plan order."""
+        subtopics = [""] * len(lines)
+        tasks: list[asyncio.Task[str]] = []
+
+        async def research(i: int, line: str) -> str:
+            refs = [k for k in line_refs(line) if k < i]
+            found = await asyncio.gather(*(tasks[k] for k in refs))
+            subtopics[i] = substitute_refs(line, dict(zip(refs, found, strict=True)))
+            return await self.subagent(ctx, subtopics[i])
+
+        for i, line in enumerate(lines):
+            tasks.append(asyncio.ensure_future(research(i, line)))
+        try:
+            findings = list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+        return subtopics, findings
+
     def evidence(self) -> dict[str, Any]:
         """What a predictor may see at the plan branch: the ``question`` and ``history``,
         the plans of questions answered before (the workload's ``train`` split; known
-        before any request runs)."""
+        before any request runs), and with references ``plan`` (how the planner writes a
+        bridge)."""
+        if self.plan == "references":
+            return {"question": self.record.question, "history": self.history, "plan": self.plan}
         return {"question": self.record.question, "history": self.history}
 
     async def subagent(self, ctx: StageContext, subtopic: str) -> str:
@@ -182,6 +238,8 @@ class SubAgentRequest(RequestInstance):
             return None
         if not candidate.strip() or candidate == NO_SUBTOPIC:
             return None
+        if self.plan == "references" and line_refs(candidate):
+            return None  # NOTE: its sub-topic needs a finding nobody has yet
         return self.sub_think_values(candidate)
 
     def tool(self, name: str) -> Tool:
@@ -205,6 +263,8 @@ class SubAgentRequest(RequestInstance):
             if fields["question"] != self.record.question:
                 return None
             if stage == "plan":
+                if self.plan == "references":
+                    return "\n".join(dict.fromkeys(s.plan_line for s in self.record.steps))
                 return "\n".join(dict.fromkeys(s.subtopic for s in self.record.steps))
             return self.record.answer
         if stage == "sub_think":

@@ -1,10 +1,13 @@
 """The ``subagent`` workflow template: plan → a sub-agent per sub-topic → synthesise.
 
 * ``plan`` (LLM, speculable, greedy): the question → reasoning, then research sub-topics,
-  one per line, as ``<entity> >> <what to find out>``. A multi-valued branch at
+  one per line, as ``<entity> >> <what to find out>``; a bridge entity written as the answer
+  it stands for (:data:`TEMPLATE`) or, with ``plan="references"``
+  (:data:`TEMPLATE_REFERENCES`), as ``#k``, the k-th sub-topic's finding. A multi-valued branch at
   ``BranchCoordinate("subagent", "plan", 0)`` with an open vocabulary: it resolves to every
   sub-topic named, and all of their results are kept.
-* per sub-topic, concurrently, a **sub-agent**: a ReAct episode of its own over the
+* per sub-topic, concurrently (with references: each once the findings it names exist), a
+  **sub-agent**: a ReAct episode of its own over the
   sub-topic alone. ``sub_think`` (LLM, speculable, greedy): the sub-topic → reasoning and
   ``search[<entity>]``; ``retrieve`` (tool ``retrieve``, the BM25 tool of
   :mod:`workloads.react.retrieval`) for that entity; ``research`` (LLM, speculable, greedy):
@@ -35,6 +38,14 @@ PLAN_PROMPT = (
     "Question: {question}\n\n"
     "Sub-topics:\n"
 )
+PLAN_REFERENCES_PROMPT = (
+    "You lead a team of research sub-agents. Break the question into the sub-topics they "
+    "should research, one per line, each written as <entity> >> <what to find out about it>. "
+    "Write an entity that only an earlier sub-topic's finding can name as #k, the finding of "
+    "the k-th sub-topic; that sub-topic is researched once the k-th is found.\n\n"
+    "Question: {question}\n\n"
+    "Sub-topics:\n"
+)
 SUB_THINK_PROMPT = (
     "You are a research sub-agent. Think about the sub-topic, then write one action: "
     "search[<entity>] to read the passages about the entity it names.\n\n"
@@ -60,6 +71,15 @@ PLAN = StageSpec(
     "llm",
     ("question",),
     prompt=PLAN_PROMPT,
+    model="target",
+    sampling=SamplingParams(max_tokens=STAGE_MAX_TOKENS),
+    speculable=True,
+)
+PLAN_REFERENCES = StageSpec(
+    "plan",
+    "llm",
+    ("question",),
+    prompt=PLAN_REFERENCES_PROMPT,
     model="target",
     sampling=SamplingParams(max_tokens=STAGE_MAX_TOKENS),
     speculable=True,
@@ -106,5 +126,16 @@ TEMPLATE = Template(
     [PLAN, SUB_THINK, RETRIEVE, RESEARCH, SYNTHESISE],
     [SubgraphSpec("subagent", "sub_think", ("retrieve", "research"))],
 )
+TEMPLATE_REFERENCES = Template(
+    WORKFLOW,
+    "2",
+    [PLAN_REFERENCES, SUB_THINK, RETRIEVE, RESEARCH, SYNTHESISE],
+    [SubgraphSpec("subagent", "sub_think", ("retrieve", "research"))],
+)
+"""The template of ``plan="references"``: the planner writes a bridge as ``#k`` (MuSiQue's
+own notation) and a sub-agent waits for the findings its sub-topic refers to."""
+PLANS = ("resolved", "references")
+"""How the planner writes a bridge entity: as the answer it stands for (``resolved``, the
+default: every sub-agent starts at once) or as ``#k`` (``references``)."""
 SUBAGENT_STAGES = ("sub_think", "retrieve", "research")
 """The stages of one sub-agent, in the order they run."""

@@ -45,7 +45,7 @@ from workloads.react.retrieval import (
 )
 from workloads.subagent.mix import partial_overlap_mix
 from workloads.subagent.request import SubAgentRequest
-from workloads.subagent.template import SUBAGENT_STAGES, TEMPLATE
+from workloads.subagent.template import PLANS, SUBAGENT_STAGES, TEMPLATE, TEMPLATE_REFERENCES
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,19 @@ class SubAgentData:
     history: tuple[KnownPlan, ...] = ()
 
 
-def known_plan(record: MusiqueRecord) -> KnownPlan:
+def known_plan(record: MusiqueRecord, plan: str = "resolved") -> KnownPlan:
     """``record``'s decomposition as a plan a predictor may remember: each step's
-    sub-topic, entity, ask and answer."""
-    steps = tuple(
-        KnownStep(s.subtopic, s.entity, s.ask, s.answer, SUBTOPIC_SEP.strip() in s.question)
-        for s in record.steps
-    )
-    return KnownPlan(record.question, steps)
+    sub-topic, entity, ask and answer; with ``plan="references"`` each step as its plan line
+    (a later step's entity is its ``#k``)."""
+    steps = []
+    for s in record.steps:
+        relation = SUBTOPIC_SEP.strip() in s.question
+        if plan == "references" and s.plan_line != s.subtopic:
+            entity, _, ask = s.plan_line.partition(SUBTOPIC_SEP)
+            steps.append(KnownStep(s.plan_line, entity, ask, s.answer, relation))
+        else:
+            steps.append(KnownStep(s.subtopic, s.entity, s.ask, s.answer, relation))
+    return KnownPlan(record.question, tuple(steps))
 
 
 def load_subagent_questions(data_dir: Path | None) -> tuple[MusiqueRecord, ...]:
@@ -76,7 +81,9 @@ def load_subagent_questions(data_dir: Path | None) -> tuple[MusiqueRecord, ...]:
 class SubAgentWorkload(MusiqueWorkload):
     """Sub-Agent research over MuSiQue. Options as :class:`~workloads.react.ReActWorkload`:
     ``tool_time`` (``measured`` by default, or ``modelled``) and ``top_k``; ``mix`` =
-    ``"partial-overlap"`` draws Table 1's mix instead (:mod:`workloads.subagent.mix`)."""
+    ``"partial-overlap"`` draws Table 1's mix instead (:mod:`workloads.subagent.mix`);
+    ``plan`` = ``"references"`` has the planner write a bridge as ``#k`` and each sub-agent
+    wait for the findings it names (:data:`~workloads.subagent.template.PLANS`)."""
 
     name = "subagent"
     template = TEMPLATE
@@ -91,17 +98,22 @@ class SubAgentWorkload(MusiqueWorkload):
         top_k: int = DEFAULT_TOP_K,
         mix: str | None = None,
         decode_lengths: str = "modelled",
+        plan: str = "resolved",
     ) -> None:
         if mix not in (None, "partial-overlap"):
             raise ConfigError(f"subagent mix {mix!r}: choose 'partial-overlap' or none")
+        if plan not in PLANS:
+            raise ConfigError(f"subagent plan {plan!r}: choose one of {', '.join(PLANS)}")
         super().__init__(tool_time, top_k, decode_lengths)
-        self.mix = mix
+        self.mix, self.plan = mix, plan
+        if plan == "references":
+            self.template = TEMPLATE_REFERENCES
 
     def load(self, data: DataConfig) -> SubAgentData:
         """Decompositions and index of ``data.data_dir`` (validated once, then kept)."""
         if data.data_dir not in self._loaded:
             records = load_subagent_questions(data.data_dir)
-            history = tuple(known_plan(r) for r in in_split(records, "train"))
+            history = tuple(known_plan(r, self.plan) for r in in_split(records, "train"))
             self._loaded[data.data_dir] = SubAgentData(
                 records, index_for(load_corpus(data.data_dir)), history
             )
@@ -126,6 +138,7 @@ class SubAgentWorkload(MusiqueWorkload):
                 decode,
                 # NOTE: only a test run learns from train; a train run has no history.
                 loaded.history if split == "test" else (),
+                self.plan,
             )
             for i, (r, category) in enumerate(stream)
         ]
