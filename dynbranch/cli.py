@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dynbranch.errors import DynBranchError
+from dynbranch.errors import ConfigError, DynBranchError
 from dynbranch.runtime.run import DEFAULT_DEPTH
 
 
@@ -74,6 +74,11 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--categories", default=None,
                    help="routing: BFCL categories or collections, comma-separated (default: "
                         "every category the workload scores, as BFCL's own default 'all')")
+    p.add_argument("--plan", default=None, choices=["resolved", "references"],
+                   help="subagent: the planner writes a bridge entity as the answer it stands "
+                        "for (resolved: every sub-agent starts at once) or as #k, the k-th "
+                        "sub-topic's finding (references: the chain is researched in order); "
+                        "default: resolved")
     p.add_argument("--data-dir", default=None,
                    help="data directory (else $DYNBRANCH_DATA, else ../shared/data)")
     p.add_argument("--max-inflight", type=int, default=None,
@@ -191,6 +196,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel_size=args.tensor_parallel_size, dtype=args.dtype,
         quantization=args.quantization, enforce_eager=args.enforce_eager)
+    if args.plan is not None and args.workload != "subagent":
+        raise ConfigError(f"--plan sets how the subagent workload's planner writes bridges, "
+                          f"not a setting of {args.workload!r}")
     cfg = ReplayConfig(engine_config=engine_config,
         workload=args.workload, arm=args.arm, engine=args.engine, profile=args.profile,
         model=args.model, backend=args.backend, clock=args.clock, rate=args.rate,
@@ -204,7 +212,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         drafter_samples=args.drafter_samples, depth=args.depth, gate=args.gate,
         p_star=args.p_star, store_mb=args.store_mb, eviction=args.eviction,
         max_inflight=args.max_inflight, deadline_s=args.deadline_s, tenants=args.tenants,
-        network=args.network, out=args.out, progress=not args.quiet)
+        network=args.network, out=args.out, progress=not args.quiet,
+        workload_options={} if args.plan is None else {"plan": args.plan})
     progress = print if not args.quiet else (lambda _msg: None)
     result = run_replay(prepare(cfg, progress), keep_log=False)
     if result.summary.get("interrupted"):
@@ -284,8 +293,6 @@ def cmd_model(args: argparse.Namespace) -> int:
 
         print(resolve_model(args.out_dir))  # NOTE: a cached model resolves without network
         return 0
-    from dynbranch.errors import ConfigError
-
     missing = [m for m in ("torch", "transformers", "tokenizers")
                if importlib.util.find_spec(m) is None]
     if missing:

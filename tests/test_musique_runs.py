@@ -44,11 +44,13 @@ class GoldPredictor(Predictor):
         records = [*ReActWorkload().load(DATA).records, *SubAgentWorkload().load(DATA).records]
         self._chains = {r.question: [s.entity for s in r.steps] for r in records}
         self._plans = {r.question: [s.subtopic for s in r.steps] for r in records}
+        self._lines = {r.question: [s.plan_line for s in r.steps] for r in records}
 
     def rank(self, ctx: BranchContext, k: int) -> list[str]:
         question = ctx.evidence["question"]
         if ctx.coordinate.workflow == "subagent":
-            return self._plans.get(question, [])[:k]
+            plans = self._lines if ctx.evidence.get("plan") == "references" else self._plans
+            return plans.get(question, [])[:k]
         chain = self._chains.get(question, [])
         step = ctx.coordinate.step
         return chain[step : step + 1] if step < len(chain) else []
@@ -176,6 +178,28 @@ def test_a_fill_runs_a_whole_sub_agent_and_every_named_one_is_kept(gold):
     assert set(served.values()) <= {"shadow", "join"}  # no sub-agent stage re-executed
     fills = orch.mechanism_stats["speculation"]["fills"]
     assert fills["issued"] == fills["consumed"] == 3 and fills["discarded"] == 0
+    assert unsafe_splices(orch.log.stages) == []
+
+
+def test_a_plan_with_references_researches_its_chain_in_order_and_fills_its_first_step(gold):
+    (request,) = subagent("3hop1__1004_1005_1006", plan="references")
+    steps = request.record.steps
+    records, orch = run("floor", [request])
+    assert records[0].correct == 1.0
+    thinks = sorted((s for s in _canonical(orch) if s.stage == "sub_think"), key=lambda s: s.start)
+    research = sorted((s for s in _canonical(orch) if s.stage == "research"), key=lambda s: s.start)
+    assert len(thinks) == len(research) == 3
+    for later, earlier in zip(thinks[1:], research, strict=False):
+        assert later.start >= earlier.end  # each hop waits for the finding it names
+    floor_latency = records[0].latency
+    records, orch = run("c2", [request], depth=3, predictor=gold)
+    assert records[0].correct == 1.0 and records[0].latency < floor_latency
+    spec = [s for s in orch.log.stages if s.speculative]
+    assert {s.fill for s in spec} == {steps[0].plan_line}  # "#1 >> ..." cannot be filled
+    served = [s.served_from for s in _canonical(orch) if s.stage in SUBAGENT_STAGES]
+    assert served.count("exec") == 2 * len(SUBAGENT_STAGES)  # the two later hops
+    fills = orch.mechanism_stats["speculation"]["fills"]
+    assert fills["issued"] == fills["consumed"] == 1
     assert unsafe_splices(orch.log.stages) == []
 
 
