@@ -161,3 +161,41 @@ def test_a_stage_whose_fills_are_lookups_is_priced_as_no_engine_work():
     policy._learn_from("w/pick", lookup)
     shape = policy._shape("w/pick")
     assert (shape.prompt_tokens, shape.output_tokens) == (1, 1)
+
+
+def test_only_fill_work_no_canonical_stage_was_served_is_charged_to_the_return():
+    from types import SimpleNamespace
+
+    from dynbranch.fill.model import Consumption, Fill, FillStage
+    from dynbranch.gate.load import LoadView
+    from dynbranch.gate.price import FillShape
+    from dynbranch.gate.priced import PricedPolicy
+
+    run_ctx = RunContext(clock=VirtualClock(), arm="c2",
+                         gate=GateOptions(policy="priced", profile=PROFILE))
+    policy = PricedPolicy.for_run(run_ctx)
+    entry = SimpleNamespace(stage_key="w/pick", admitted={})
+    loaded = LoadView(rho=0.5, busy=0.5, stretch=1.5)
+
+    def fill(fill_id, served=()):
+        f = Fill(fill_id, "r", "w/pick/0", fill_id, 0, 0.0, state="done", ended_at=2.0)
+        f.trace += [
+            FillStage("handler", "llm", claimed=f"{fill_id}-a", duration_s=1.0,
+                      prompt_tokens=800, output_tokens=150, done=True),
+            FillStage("answer", "llm", claimed=f"{fill_id}-b", duration_s=1.0,
+                      prompt_tokens=300, output_tokens=60, done=True),
+        ]
+        f.consumptions += [Consumption(name, "r", "shadow", 2.0, 0.0) for name in served]
+        policy._ran_under[fill_id] = loaded
+        return f
+
+    price = policy.model.price_ms
+    # a loser: all of its work went unused
+    assert policy._cost_ms(entry, fill("lost")) == pytest.approx(
+        price(FillShape(1100, 210), loaded))
+    # a winner served in full did work its request would have done itself
+    assert policy._cost_ms(entry, fill("won", ("won-a", "won-b"))) == 0.0
+    # served up to its first stage: only the second stage's work is charged
+    assert policy._cost_ms(entry, fill("half", ("half-a",))) == pytest.approx(
+        price(FillShape(300, 60), loaded))
+    assert price(FillShape(300, 60), loaded) > 0.0
