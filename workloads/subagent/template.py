@@ -24,6 +24,8 @@ workload's fill depth).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dynbranch.workflow import SamplingParams, StageSpec, SubgraphSpec, Template
 from workloads.react.lengths import STAGE_MAX_TOKENS
 from workloads.react.retrieval import TOOL_NAME, TOOL_SCHEMA_VERSION
@@ -75,15 +77,7 @@ PLAN = StageSpec(
     sampling=SamplingParams(max_tokens=STAGE_MAX_TOKENS),
     speculable=True,
 )
-PLAN_REFERENCES = StageSpec(
-    "plan",
-    "llm",
-    ("question",),
-    prompt=PLAN_REFERENCES_PROMPT,
-    model="target",
-    sampling=SamplingParams(max_tokens=STAGE_MAX_TOKENS),
-    speculable=True,
-)
+PLAN_REFERENCES = replace(PLAN, prompt=PLAN_REFERENCES_PROMPT)
 SUB_THINK = StageSpec(
     "sub_think",
     "llm",
