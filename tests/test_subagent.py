@@ -361,6 +361,26 @@ def test_references_research_the_chain_in_order_to_the_same_answer():
         assert not request.fillable(point, steps[0].plan_line)  # closed after the plan
 
 
+def test_a_failing_sub_agent_of_a_chain_fails_the_request_once_and_stops_the_rest():
+    request = by_record(fixture_requests(plan="references"), "3hop2__1010_1011_1012")
+    first = request.record.steps[0].entity
+
+    class Broken(TraceContext):
+        async def tool(self, stage, values):
+            if values["query"] == first:
+                raise RuntimeError("search service down")
+            await asyncio.sleep(0)
+            return await super().tool(stage, values)
+
+    async def main():
+        with pytest.raises(RuntimeError, match="search service down"):
+            await request.run(Broken(request))
+        await asyncio.sleep(0)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(main()) == []  # nothing of the request is left running
+
+
 def test_references_predictor_forms_no_chained_candidates():
     records = SubAgentWorkload().load(DATA).records
     memory = PlanMemory(known_plan(r) for r in records)

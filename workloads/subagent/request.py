@@ -168,7 +168,11 @@ class SubAgentRequest(RequestInstance):
         try:
             findings = list(await asyncio.gather(*tasks))
         finally:
+            # NOTE: on a failure the first error is raised; the rest are cancelled, and the
+            # errors of those that also failed (waiting on it) are taken as seen
             for task in tasks:
+                if task.done() and not task.cancelled():
+                    task.exception()
                 task.cancel()
         return subtopics, findings
 
