@@ -188,3 +188,21 @@ def test_accuracy_on_the_test_split(real_dir):
     assert run["plans"]["all@3"] == 0.07  # plans whose every sub-topic is in the top 3
     recall = subtopic_accuracy(real_dir, n=100, predictor=make_predictor("recall"))
     assert recall["plans"]["proposed"] == 0.03 and recall["rows"]["all"]["top5"] < 0.01
+
+
+def test_accuracy_counts_the_unreferenced_lines_of_a_plan_written_with_references():
+    fixture = Path(__file__).parent / "fixtures" / "musique"
+    resolved = subtopic_accuracy(fixture, split="all")
+    references = subtopic_accuracy(fixture, split="all", plan="references")
+    for k in (1, 2, 3, 5, 8):  # every line of a resolved plan is unreferenced
+        assert resolved["plans"][f"unreferenced@{k}"] == resolved["plans"][f"all@{k}"]
+    shares = [references["plans"][f"unreferenced@{k}"] for k in (1, 2, 3, 5, 8)]
+    assert shares == sorted(shares) and 0.0 < shares[-1] <= 1.0
+    # a later line is written "#k >> ...", which no fill can cover while the plan is open
+    assert references["plans"]["all@8"] <= shares[-1]
+
+
+@pytest.mark.data
+def test_unreferenced_lines_on_the_test_split(real_dir):
+    run = subtopic_accuracy(real_dir, n=300, plan="references")
+    assert run["plans"]["unreferenced@3"] == pytest.approx(116 / 300)

@@ -54,7 +54,7 @@ from dynbranch.predictors.subtopic import (
 from dynbranch.workload import DataConfig
 from workloads.analysis.listwise import listwise_fit
 from workloads.analysis.trace import trace_all
-from workloads.musique import in_split
+from workloads.musique import in_split, line_refs
 from workloads.subagent.workload import SubAgentWorkload, known_plan
 
 KS = (1, 3, 5)
@@ -75,11 +75,15 @@ def subtopic_accuracy(
     seed: int = 0,
     weights: SubtopicWeights | None = None,
     predictor: Predictor | None = None,
+    plan: str = "resolved",
 ) -> dict[str, Any]:
     """Top-1/3/5 of the sub-topic predictor (or of ``predictor``, e.g. ``recall``) over a
-    replay's plan branches (module docstring)."""
+    replay's plan branches (module docstring). With ``plan="references"`` the plans are
+    written with ``#k`` and ``plans`` also counts ``unreferenced@k``: every line without a
+    reference (what a fill can cover while the plan is open) among the top k of the
+    candidates without one (what C2 fills from)."""
     data = _data(data_dir)
-    workload = SubAgentWorkload(tool_time="modelled", decode_lengths="recorded")
+    workload = SubAgentWorkload(tool_time="modelled", decode_lengths="recorded", plan=plan)
     n = len(workload.records(data, split)) if n is None else n
     requests = workload.requests(data, n, seed, split)
     predictor = predictor or SubtopicPredictor(weights)
@@ -94,10 +98,13 @@ def subtopic_accuracy(
             row = [int(subtopic in ranked[:k]) for k in KS] + [int(subtopic in ranked)]
             hits["all"].append(row)
             hits["first step" if subtopic == first else "later steps"].append(row)
+        free = {s for s in chosen if not line_refs(s)}
+        fillable = [c for c in ranked if not line_refs(c)]
         plans.append(
             [int(bool(ranked))]
             + [int(bool(set(chosen) & set(ranked[:k]))) for k in PLAN_KS]
             + [int(set(chosen) <= set(ranked[:k])) for k in PLAN_KS]
+            + [int(free <= set(fillable[:k])) for k in PLAN_KS]
         )
         predictor.observe(ctx, chosen)
     return {
@@ -115,6 +122,10 @@ def subtopic_accuracy(
             },
             **{
                 f"all@{k}": sum(p[i + 1 + len(PLAN_KS)] for p in plans) / len(plans)
+                for i, k in enumerate(PLAN_KS)
+            },
+            **{
+                f"unreferenced@{k}": sum(p[i + 1 + 2 * len(PLAN_KS)] for p in plans) / len(plans)
                 for i, k in enumerate(PLAN_KS)
             },
         },
