@@ -74,11 +74,11 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--categories", default=None,
                    help="routing: BFCL categories or collections, comma-separated (default: "
                         "every category the workload scores, as BFCL's own default 'all')")
-    p.add_argument("--plan", default=None, choices=["resolved", "references"],
-                   help="subagent: the planner writes a bridge entity as the answer it stands "
-                        "for (resolved: every sub-agent starts at once) or as #k, the k-th "
-                        "sub-topic's finding (references: the chain is researched in order); "
-                        "default: resolved")
+    p.add_argument("--plan", default=None, choices=["references", "resolved"],
+                   help="subagent: the planner writes a bridge entity as #k, the k-th "
+                        "sub-topic's finding (references: the chain is researched in order), "
+                        "or as the answer it stands for (resolved: every sub-agent starts at "
+                        "once, the planner handed the trace's answers); default: references")
     p.add_argument("--data-dir", default=None,
                    help="data directory (else $DYNBRANCH_DATA, else ../shared/data)")
     p.add_argument("--max-inflight", type=int, default=None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,15 @@ from dynbranch.runtime.runlog import BranchRecord, RequestRecord, RunLog, StageR
 from dynbranch.runtime.stage import StageCall
 from dynbranch.workflow import BranchPoint, as_text
 from dynbranch.workload import BranchResolution, RequestInstance, Tool, ToolResult
+
+_OPEN_BRANCH: contextvars.ContextVar[tuple[RequestContext, str] | None] = (
+    contextvars.ContextVar("dynbranch_open_branch", default=None))
+"""The branch a request's code path opened last, as (its request context, coordinate).
+
+NOTE: a context variable, not an attribute of the request, because one request may run
+several paths at once (a Sub-Agent's sub-agents, each with its own search branch): each
+asyncio task carries its own copy, so a stage row carries the coordinate of the branch its
+own path opened."""
 
 
 class Orchestrator:
@@ -167,7 +177,6 @@ class RequestContext:
         self.request_id = instance.request_id
         self.stages_run = self.prompt_tokens = self.output_tokens = self._calls = 0
         self.last_human_end: float | None = None
-        self._coordinate: str | None = None
 
     # -- stages ---------------------------------------------------------------------------
 
@@ -255,9 +264,9 @@ class RequestContext:
         session = self._o.fills.open_branch(self.state, point)
         await self._o.branch_hook.opened(session)
         scope = BranchResolution()
-        # NOTE: stages decided inside the body and those that follow it carry this coordinate
-        # until the next branch opens.
-        self._coordinate = str(point.coordinate)
+        # NOTE: stages decided inside the body and those that follow it on the same path
+        # carry this coordinate until the path opens its next branch.
+        _OPEN_BRANCH.set((self, str(point.coordinate)))
         yield scope
         if scope.chosen is None:
             raise StageError(self.request_id, point.coordinate.stage,
@@ -291,9 +300,14 @@ class RequestContext:
 
     # -- rows -----------------------------------------------------------------------------
 
+    def _coordinate(self) -> str | None:
+        """The coordinate of the branch this path of the request opened last, if any."""
+        opened = _OPEN_BRANCH.get()
+        return opened[1] if opened is not None and opened[0] is self else None
+
     def _row(self, call: StageCall, start: float, lookup: StageLookup | None, *, engine: str,
              **fields: Any) -> StageRecord:
-        row = self._ex.row(call, start, seq=self.stages_run, coordinate=self._coordinate,
+        row = self._ex.row(call, start, seq=self.stages_run, coordinate=self._coordinate(),
                            engine=engine, reuse_name=lookup.reuse_name if lookup else "",
                            **fields)
         self.stages_run += 1

@@ -21,6 +21,8 @@ from dynbranch.audit import unsafe_splices
 from dynbranch.backend import EngineSpec, LocalBackend
 from dynbranch.clock import VirtualClock
 from dynbranch.driver import ReplayConfig, prepare, run_replay
+from dynbranch.gate import Gate
+from dynbranch.gate.client import LocalGateClient
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.predictors import PREDICTORS, BranchContext, Predictor
 from dynbranch.runtime.run import FillOptions, GateOptions, RunContext
@@ -45,8 +47,12 @@ class GoldPredictor(Predictor):
         self._chains = {r.question: [s.entity for s in r.steps] for r in records}
         self._plans = {r.question: [s.subtopic for s in r.steps] for r in records}
         self._lines = {r.question: [s.plan_line for s in r.steps] for r in records}
+        self._searches = {s.subtopic: s.entity for r in records for s in r.steps}
 
     def rank(self, ctx: BranchContext, k: int) -> list[str]:
+        if "subtopic" in ctx.evidence:  # a sub-agent's search
+            entity = self._searches.get(ctx.evidence["subtopic"])
+            return [entity][:k] if entity else []
         question = ctx.evidence["question"]
         if ctx.coordinate.workflow == "subagent":
             plans = self._lines if ctx.evidence.get("plan") == "references" else self._plans
@@ -62,10 +68,12 @@ def gold(monkeypatch):
     return "gold"
 
 
-def run(arm, requests, *, spacing=0.0, depth=2, predictor="entity", fanout=3, workers=2):
+def run(arm, requests, *, spacing=0.0, depth=2, predictor="entity", fanout=3, workers=2,
+        policy="topk", make_gate=None):
     """Run ``requests`` on ``arm`` (``spacing`` seconds apart); the records and the log."""
     clock = VirtualClock()
     backend = LocalBackend(clock, {"target": EngineSpec("sim", PROFILE, workers)})
+    gate_options = {} if make_gate is None else {"make_gate": make_gate}
 
     async def main():
         await backend.start()
@@ -75,8 +83,9 @@ def run(arm, requests, *, spacing=0.0, depth=2, predictor="entity", fanout=3, wo
                 arm=arm,
                 models=backend.models(),
                 fill=FillOptions(fanout=fanout, depth=depth, predictor=predictor),
-                gate=GateOptions(policy="topk", engines=workers, profile=PROFILE),
+                gate=GateOptions(policy=policy, engines=workers, profile=PROFILE),
                 make_store=lambda: backend.make_store(1 << 28),
+                **gate_options,
             )
             orch = Orchestrator(clock, backend.clients(), get_arm(arm), run=ctx)
             t0 = orch.start_run()
@@ -118,7 +127,7 @@ def _canonical(orch, request_id=None):
 
 
 def test_a_sub_agent_is_two_llm_stages_and_a_retrieval_in_the_stage_log():
-    (request,) = subagent("3hop1__1004_1005_1006")
+    (request,) = subagent("3hop1__1004_1005_1006", plan="resolved")
     records, orch = run("floor", [request])
     assert records[0].status == "completed" and records[0].correct == 1.0
     stages = _canonical(orch)
@@ -165,20 +174,69 @@ def test_a_sub_agent_is_two_llm_stages_and_a_retrieval_in_the_stage_log():
     assert [s.stage for s in stages].count("research") == 3
 
 
+def test_each_sub_agent_s_stages_carry_its_own_search_branch():
+    # NOTE: the three sub-agents run at once, each opening its branch; a row carries the
+    # coordinate its own path opened, not whichever opened last
+    (request,) = subagent("3hop1__1004_1005_1006", plan="resolved")
+    _, orch = run("floor", [request])
+    by_subtopic = {s.subtopic: f"subagent/sub_think/{i}" for i, s in enumerate(request.record.steps)}
+    rows = _canonical(orch)
+    thinks = [s for s in rows if s.stage == "sub_think"]
+    starts = sorted(s.start for s in thinks)
+    assert starts[0] == starts[-1]  # concurrent
+    for step in request.record.steps:
+        think = next(s for s in thinks if s.input_digest == request.template.stage(
+            "sub_think").render(request.sub_think_values(step.subtopic)).input_digest)
+        assert think.coordinate == by_subtopic[step.subtopic]
+    per_coordinate = {}
+    for s in rows:
+        per_coordinate.setdefault(s.coordinate, []).append(s.stage)
+    assert per_coordinate["subagent/plan/0"] == ["plan", "synthesise"]
+    for coordinate in by_subtopic.values():
+        assert per_coordinate[coordinate] == list(SUBAGENT_STAGES)
+    branches = [b.coordinate for b in orch.log.branches]
+    assert sorted(branches) == ["subagent/plan/0", *sorted(by_subtopic.values())]
+
+
 def test_a_fill_runs_a_whole_sub_agent_and_every_named_one_is_kept(gold):
-    (request,) = subagent("3hop1__1004_1005_1006")
+    (request,) = subagent("3hop1__1004_1005_1006", plan="resolved")
     records, orch = run("c2", [request], depth=3, predictor=gold)
     assert records[0].status == "completed" and records[0].correct == 1.0
     spec = [s for s in orch.log.stages if s.speculative]
     subtopics = {s.subtopic for s in request.record.steps}
     assert {s.fill for s in spec} == subtopics  # one fill per sub-topic the plan names
+    assert {s.coordinate for s in spec} == {"subagent/plan/0"}
     for subtopic in subtopics:
         assert [s.stage for s in spec if s.fill == subtopic] == list(SUBAGENT_STAGES)
     served = {s.stage: s.served_from for s in _canonical(orch) if s.stage in SUBAGENT_STAGES}
     assert set(served.values()) <= {"shadow", "join"}  # no sub-agent stage re-executed
     fills = orch.mechanism_stats["speculation"]["fills"]
-    assert fills["issued"] == fills["consumed"] == 3 and fills["discarded"] == 0
+    # the sub-agents' search branches open too, but the plan's fills already hold all their
+    # stages: those three fills execute nothing, counted as covered, not discarded
+    assert fills["issued"] == 6 and fills["consumed"] == 3
+    assert fills["discarded"] == 0 and fills["covered"] == 3
     assert unsafe_splices(orch.log.stages) == []
+
+
+def test_a_covered_fill_teaches_the_gate_nothing_of_use(gold):
+    # NOTE: the search branches' fills find every stage held by the plan's fills: whether a
+    # fill there is usable in time is not observed, so pi_use does not learn "unused"
+    learned = []
+
+    class Recording(LocalGateClient):
+        async def learn(self, observations, settlements):
+            learned.extend(observations)
+            await super().learn(observations, settlements)
+
+    (request,) = subagent("3hop1__1004_1005_1006", plan="resolved")
+    records, orch = run("c2", [request], depth=3, predictor=gold, policy="priced",
+                        make_gate=lambda model, config: Recording(Gate(model, config)))
+    assert records[0].correct == 1.0
+    fills = orch.mechanism_stats["speculation"]["fills"]
+    assert fills["consumed"] == 3 and fills["covered"] == 3 and fills["discarded"] == 0
+    selected = [(o.stage_key, o.usable) for o in learned if o.selected]
+    assert sorted(u for st, u in selected if "plan" in st) == [True] * 3
+    assert [u for st, u in selected if "sub_think" in st] == [None] * 3
 
 
 def test_a_plan_with_references_researches_its_chain_in_order_and_fills_its_first_step(gold):
@@ -195,16 +253,20 @@ def test_a_plan_with_references_researches_its_chain_in_order_and_fills_its_firs
     records, orch = run("c2", [request], depth=3, predictor=gold)
     assert records[0].correct == 1.0 and records[0].latency < floor_latency
     spec = [s for s in orch.log.stages if s.speculative]
-    assert {s.fill for s in spec} == {steps[0].plan_line}  # "#1 >> ..." cannot be filled
-    served = [s.served_from for s in _canonical(orch) if s.stage in SUBAGENT_STAGES]
-    assert served.count("exec") == 2 * len(SUBAGENT_STAGES)  # the two later hops
+    planned = {s.fill for s in spec if s.coordinate == "subagent/plan/0"}
+    assert planned == {steps[0].plan_line}  # "#1 >> ..." cannot be filled at the plan
+    # the later hops' searches are filled while their sub_think decodes
+    searched = {s.fill: s.coordinate for s in spec if s.coordinate != "subagent/plan/0"}
+    assert searched == {s.entity: f"subagent/sub_think/{i}" for i, s in enumerate(steps) if i}
+    served = [(s.stage, s.served_from) for s in _canonical(orch) if s.stage in SUBAGENT_STAGES]
+    assert [st for st, how in served if how == "exec"] == ["sub_think"] * 2  # the later hops
     fills = orch.mechanism_stats["speculation"]["fills"]
-    assert fills["issued"] == fills["consumed"] == 1
+    assert fills["consumed"] == 3
     assert unsafe_splices(orch.log.stages) == []
 
 
 def test_a_fill_stops_at_the_run_depth(gold):
-    (request,) = subagent("2hop__1001_1002")
+    (request,) = subagent("2hop__1001_1002", plan="resolved")
     _, orch = run("c2", [request], depth=2, predictor=gold)
     spec = [s for s in orch.log.stages if s.speculative]
     assert {s.stage for s in spec} == {"sub_think", "retrieve"}

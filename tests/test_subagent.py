@@ -36,11 +36,13 @@ from workloads.musique import (
 from workloads.react.lengths import SUBAGENT_DECODE, SUBAGENT_LENGTHS, theta
 from workloads.subagent import (
     MAX_SUBTOPICS,
+    NO_SEARCH,
     NO_SUBTOPIC,
     PLAN_COORDINATE,
     TEMPLATE,
     SubAgentWorkload,
     parse_plan,
+    search_coordinate,
 )
 from workloads.subagent.template import SUBAGENT_STAGES, TEMPLATE_REFERENCES
 from workloads.subagent.workload import known_plan
@@ -129,19 +131,31 @@ def test_missing_data_is_a_clear_error(tmp_path):
 # -- the request program ----------------------------------------------------------------------
 
 
-def test_every_fixture_request_replays_to_the_gold_answer():
-    requests = fixture_requests()
+@pytest.mark.parametrize("plan", ["references", "resolved"])
+def test_every_fixture_request_replays_to_the_gold_answer(plan):
+    requests = fixture_requests(plan=plan)
+    assert SubAgentWorkload().plan == "references"  # the default
     for request, trace in zip(requests, trace_all(requests), strict=True):
         outcome = trace.outcome
         steps = request.record.steps
         assert outcome.subtopics == [s.subtopic for s in steps]
         assert outcome.findings == [s.answer for s in steps]
         assert request.score(outcome) == 1.0 and request.f1(outcome) == 1.0
-        ((point, chosen),) = trace.branches
+        (point, chosen), *searches = trace.branches
         assert point.coordinate == PLAN_COORDINATE == BranchCoordinate("subagent", "plan", 0)
         assert point.multi_valued and point.candidates == ()
-        assert dict(point.evidence) == {"question": request.record.question, "history": ()}
-        assert chosen == tuple(outcome.subtopics)  # every result is kept
+        evidence = {"question": request.record.question, "history": ()}
+        assert dict(point.evidence) == (
+            {**evidence, "plan": plan} if plan == "references" else evidence
+        )
+        lines = [s.plan_line if plan == "references" else s.subtopic for s in steps]
+        assert chosen == tuple(lines)  # every result is kept
+        # each sub-agent's search is a branch of its own, one winner: the entity searched
+        assert sorted((p.coordinate, dict(p.evidence), c) for p, c in searches) == [
+            (search_coordinate(i), {"subtopic": s.subtopic}, (s.entity,))
+            for i, s in enumerate(steps)
+        ]
+        assert not any(p.multi_valued for p, _ in searches)
         assert [dict(r.fields)["query"] for r in trace.inputs("retrieve")] == [
             s.entity for s in steps
         ]
@@ -164,7 +178,7 @@ def test_subagent_inputs_hold_only_the_subtask():
 
 
 def test_sub_agents_run_concurrently():
-    request = by_record(fixture_requests(), "3hop1__1004_1005_1006")
+    request = by_record(fixture_requests(plan="resolved"), "3hop1__1004_1005_1006")
     events = []
 
     class Interleaved(TraceContext):
@@ -182,7 +196,7 @@ def test_sub_agents_run_concurrently():
 
 
 def test_replay_of_each_stage():
-    request = by_record(fixture_requests(), "2hop__1007_1008")
+    request = by_record(fixture_requests(plan="resolved"), "2hop__1007_1008")
     trace = trace_request(request)
     (plan,) = trace.inputs("plan")
     assert decision_of(request.replay_text(plan)) == (
@@ -238,13 +252,23 @@ def test_fill_values_match_the_canonical_inputs():
     request = by_record(fixture_requests(), "2hop__1003_1002")
     fills = {}
 
+    searched = {}
+
     class Spy(TraceContext):
         def branch(self, point):
+            if point.coordinate != PLAN_COORDINATE:
+                subtopic = point.evidence["subtopic"]
+                entity = subtopic.split(" >> ")[0]
+                searched[subtopic] = request.fill_values(point.coordinate, entity)
+                assert request.fill_values(point.coordinate, NO_SEARCH) is None
+                assert request.fill_values(point.coordinate, "") is None
+                return super().branch(point)
             for s in request.record.steps:
                 fills[s.subtopic] = request.fill_values(point.coordinate, s.subtopic)
             assert request.fill_values(point.coordinate, NO_SUBTOPIC) is None
             assert not request.fillable(point, NO_SUBTOPIC)
             assert request.fill_values(BranchCoordinate("subagent", "plan", 1), "x") is None
+            assert request.fill_values(search_coordinate(0), "x") is None  # not open yet
             return super().branch(point)
 
     ctx = Spy(request)
@@ -254,6 +278,11 @@ def test_fill_values_match_the_canonical_inputs():
         assert fill == {"subtopic": subtopic}
         assert TEMPLATE.stage("sub_think").render(fill).input_digest == thinks[subtopic]
     assert request.fill_values(PLAN_COORDINATE, "Mira Calloway >> spouse") is None  # closed
+    retrieves = {r.input_digest for r in ctx.trace.inputs("retrieve")}
+    assert set(searched) == set(fills)
+    for fill in searched.values():
+        assert TEMPLATE.stage("retrieve").render(fill).input_digest in retrieves
+    assert request.fill_values(search_coordinate(0), "Mira Calloway") is None  # closed
 
 
 def test_speculate_runs_whole_sub_agents_ahead():
@@ -263,9 +292,10 @@ def test_speculate_runs_whole_sub_agents_ahead():
     class Early(TraceContext):
         @asynccontextmanager
         async def branch(self, point):
-            for step in request.record.steps:
-                await request.speculate(fill, point, step.subtopic)
-            await request.speculate(fill, point, NO_SUBTOPIC)  # nothing to fill
+            if point.coordinate == PLAN_COORDINATE:
+                for step in request.record.steps:
+                    await request.speculate(fill, point, step.subtopic)
+                await request.speculate(fill, point, NO_SUBTOPIC)  # nothing to fill
             async with super().branch(point) as scope:
                 yield scope
 
@@ -326,8 +356,9 @@ def test_references_research_the_chain_in_order_to_the_same_answer():
 
         class Ordered(TraceContext):
             def branch(self, point, request=request, fillable=fillable):
-                for step in request.record.steps:
-                    fillable[step.plan_line] = request.fillable(point, step.plan_line)
+                if point.coordinate == PLAN_COORDINATE:
+                    for step in request.record.steps:
+                        fillable[step.plan_line] = request.fillable(point, step.plan_line)
                 return super().branch(point)
 
             async def tool(self, stage, values, events=events):
@@ -347,8 +378,9 @@ def test_references_research_the_chain_in_order_to_the_same_answer():
         assert [r.input_digest for r in ctx.trace.inputs("synthesise")] == [
             r.input_digest for r in before.inputs("synthesise")
         ]
-        ((point, chosen),) = ctx.trace.branches
+        (point, chosen), *searches = ctx.trace.branches
         assert chosen == tuple(s.plan_line for s in steps)
+        assert sorted(c for _, c in searches) == sorted((s.entity,) for s in steps)
         assert point.evidence["plan"] == "references"
         # a sub-agent starts only after the sub-agents its line names have ended
         for step in steps:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from dynbranch.datasets import resolve_data_dir
 from dynbranch.predictors import BranchContext, make_predictor
 from dynbranch.predictors.plans import KnownPlan, KnownStep, PlanMemory, split_subtopic
+from dynbranch.predictors.search import search_candidates
 from dynbranch.predictors.spans import title_phrases
 from dynbranch.predictors.subtopic import (
     FEATURES,
@@ -176,23 +177,25 @@ def test_the_history_is_the_train_split_and_only_test_runs_see_it(real_dir):
 
 @pytest.mark.data
 def test_the_shipped_weights_are_the_train_fit(real_dir):
-    assert fit_weights(real_dir) == SubtopicWeights()
+    assert fit_weights(real_dir, plan="resolved") == SubtopicWeights()
 
 
 @pytest.mark.data
 def test_accuracy_on_the_test_split(real_dir):
-    run = subtopic_accuracy(real_dir, n=100)  # the stream a 100-request replay draws
+    # the stream a 100-request replay draws, plans written with the bridges' answers
+    run = subtopic_accuracy(real_dir, n=100, plan="resolved")
     assert run["plans"]["proposed"] == 1.0  # candidates at every plan branch
     assert run["rows"]["all"]["subtopics"] == 270
     assert run["rows"]["all"]["top5"] == pytest.approx(120 / 270)
     assert run["plans"]["all@3"] == 0.07  # plans whose every sub-topic is in the top 3
-    recall = subtopic_accuracy(real_dir, n=100, predictor=make_predictor("recall"))
+    recall = subtopic_accuracy(real_dir, n=100, predictor=make_predictor("recall"),
+                               plan="resolved")
     assert recall["plans"]["proposed"] == 0.03 and recall["rows"]["all"]["top5"] < 0.01
 
 
 def test_accuracy_counts_the_unreferenced_lines_of_a_plan_written_with_references():
     fixture = Path(__file__).parent / "fixtures" / "musique"
-    resolved = subtopic_accuracy(fixture, split="all")
+    resolved = subtopic_accuracy(fixture, split="all", plan="resolved")
     references = subtopic_accuracy(fixture, split="all", plan="references")
     for k in (1, 2, 3, 5, 8):  # every line of a resolved plan is unreferenced
         assert resolved["plans"][f"unreferenced@{k}"] == resolved["plans"][f"all@{k}"]
@@ -206,3 +209,37 @@ def test_accuracy_counts_the_unreferenced_lines_of_a_plan_written_with_reference
 def test_unreferenced_lines_on_the_test_split(real_dir):
     run = subtopic_accuracy(real_dir, n=300, plan="references")
     assert run["plans"]["unreferenced@3"] == pytest.approx(116 / 300)
+
+
+# -- a sub-agent's search (the SearchRanker the predictor hands those branches to) -------------
+
+
+def search_ctx(subtopic: str) -> BranchContext:
+    return BranchContext("r", BranchCoordinate("subagent", "sub_think", 0), (),
+                         {"subtopic": subtopic})
+
+
+def test_search_candidates_are_the_names_a_sub_topic_gives_in_order():
+    assert search_candidates("Steve Hillage >> spouse") == [("Steve Hillage", "head")]
+    assert search_candidates("Germans >> What king united the Franks and Saxons?") == [
+        ("Germans", "head"), ("Franks", "ask1"), ("Saxons", "ask2")]
+    assert search_candidates("Count of Barcelona >> spouse") == [("Count of Barcelona", "head")]
+    assert search_candidates("Who founded Quillfeather Press?") == [
+        ("Who founded Quillfeather Press?", "head"), ("Quillfeather Press", "inner1")]
+    assert search_candidates(" >> ") == []
+
+
+def test_the_search_ranking_is_learnt_from_what_was_searched():
+    p = SubtopicPredictor()
+    subtopic = "Germans >> What king united the Franks?"
+    assert p.rank(search_ctx(subtopic), 3) == ["Germans", "Franks"]  # text order, untaught
+    for _ in range(3):  # sub-agents that searched the name inside the ask
+        p.observe(search_ctx("Danes >> Who ruled the Jutes?"), ("Jutes",))
+    assert p.search.rate("ask1") == 4 / 5 and p.search.rate("head") == 1 / 5
+    assert p.rank(search_ctx(subtopic), 3) == ["Franks", "Germans"]
+    assert p.rank(search_ctx(subtopic), 1) == ["Franks"]
+    # a search branch teaches the plan memory nothing, and a plan branch the ranker nothing
+    assert p.memory(ctx("q").evidence).questions == 3
+    p.observe(ctx("Who is the producer of Night Train?"), ("Night Train >> producer",))
+    assert sum(p.search.proposed.values()) == 6
+    assert make_predictor("subtopic").rank(search_ctx("Ann Lee >> spouse"), 2) == ["Ann Lee"]

@@ -132,6 +132,14 @@ class Fill:
         return any(c.served for c in self.consumptions)
 
     @property
+    def covered(self) -> bool:
+        """Whether the fill ran to its end having executed nothing: every stage it reached
+        was already held by the store (a record, or another fill's shadow or execution), so
+        it neither saved nor wasted any work (a Sub-Agent search branch whose sub-agent a
+        plan fill already ran whole)."""
+        return self.state == "done" and not self.names
+
+    @property
     def saved_s(self) -> float:
         """The execution canonical stages were spared: each executed stage a canonical stage
         was served, its execution time (``G^Δ`` after C1: stages the store already held

@@ -6,7 +6,8 @@
 :meth:`~dynbranch.workload.RequestInstance.speculate` for one candidate through a
 :class:`~dynbranch.fill.context.FillContext`. The runner cancels losers (engine abort),
 drops the shadows nobody consumed, records which canonical stage consumed which fill, and
-counts issued / consumed / discarded. Which candidates to fill is policy
+counts issued / consumed / discarded (executed work nobody was served) / covered (ran to its
+end executing nothing: the store already held every stage it reached). Which candidates to fill is policy
 (:mod:`dynbranch.fill.speculator`), not decided here.
 
 Ownership: a session owns its fills; the runner indexes sessions by request and fills by
@@ -89,8 +90,8 @@ class FillRunner:
         self._sessions: dict[str, list[BranchSession]] = {}
         self._by_name: dict[str, Fill] = {}
         self._seq = 0
-        self.counts = {"issued": 0, "consumed": 0, "discarded": 0, "cancelled": 0,
-                       "stopped": 0, "failed": 0}
+        self.counts = {"issued": 0, "consumed": 0, "discarded": 0, "covered": 0,
+                       "cancelled": 0, "stopped": 0, "failed": 0}
 
     def open_branch(self, state: RequestState, point: BranchPoint) -> BranchSession:
         """A session for a branch ``state``'s request just opened."""
@@ -174,7 +175,8 @@ class FillRunner:
         for fill in fills:
             await self.discard(fill)
             if not fill.consumed:
-                self.counts["discarded"] += 1
+                # NOTE: a fill that executed nothing wasted nothing: it is counted apart
+                self.counts["covered" if fill.covered else "discarded"] += 1
             for name in fill.names:
                 if self._by_name.get(name) is fill:
                     del self._by_name[name]

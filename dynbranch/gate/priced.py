@@ -273,7 +273,10 @@ class PricedPolicy(FillPolicy):
         for c in entry.ranked:
             fill = fills.get(c.name)
             selected = c.name in entry.chosen
-            usable = fill.consumed if (fill is not None and selected) else None
+            # NOTE: a covered fill (it executed nothing: the store held all it reached) says
+            # nothing of whether a fill here is usable in time
+            usable = (fill.consumed if (fill is not None and selected and not fill.covered)
+                      else None)
             observations.append(
                 Observation(entry.stage_key, c.rank, selected, usable, c.confidence))
         saved = waits = cost = 0.0

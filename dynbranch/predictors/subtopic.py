@@ -28,6 +28,11 @@ candidate is formed (the history's steps are remembered as written, ``#k`` and a
 **Score.** Linear over :data:`FEATURES`, ties by first occurrence, fitted on the ``train``
 split with each question left out of the memory it is ranked against
 (:func:`workloads.analysis.subtopic_accuracy.fit_weights`).
+
+**A sub-agent's search.** Each sub-agent's ``search[<entity>]`` is a branch too (evidence
+``subtopic``: the sub-topic the sub-agent was given); the predictor hands it to its
+:class:`~dynbranch.predictors.search.SearchRanker`, which ranks the entities the sub-topic
+names.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from dynbranch.predictors.plans import (
     content_words,
     split_subtopic,
 )
+from dynbranch.predictors.search import SearchRanker
 from dynbranch.predictors.spans import title_phrases, words_of
 
 FEATURES = (
@@ -130,7 +136,8 @@ Features = dict[str, dict[str, float]]
 
 
 class SubtopicPredictor(Predictor):
-    """Ranks sub-topics for a plan branch (see the module docstring)."""
+    """Ranks sub-topics for a plan branch and, through :attr:`search`, a sub-agent's search
+    (see the module docstring)."""
 
     name = "subtopic"
     in_sample_on_train = False
@@ -148,6 +155,7 @@ class SubtopicPredictor(Predictor):
         self._observed: list[KnownPlan] = []
         self._known: set[str] = set()
         self._memory = PlanMemory()
+        self.search = SearchRanker()
 
     def memory(self, evidence: Mapping[str, Any]) -> PlanMemory:
         """The memory for ``evidence``: its ``history`` and the plans observed since."""
@@ -161,9 +169,14 @@ class SubtopicPredictor(Predictor):
         return self._memory
 
     def rank(self, ctx: BranchContext, k: int) -> list[str]:
+        if _is_search(ctx):
+            return self.search.rank(ctx, k)
         return rank_subtopics(ctx.evidence, self.memory(ctx.evidence), k, self.weights)
 
     def observe(self, ctx: BranchContext, chosen: tuple[str, ...]) -> None:
+        if _is_search(ctx):
+            self.search.observe(ctx, chosen)
+            return
         memory = self.memory(ctx.evidence)
         question = str(ctx.evidence.get("question", ""))
         if question in self._known:
@@ -172,6 +185,11 @@ class SubtopicPredictor(Predictor):
         if plan.steps:
             self._observed.append(plan)
             memory.add(plan)
+
+
+def _is_search(ctx: BranchContext) -> bool:
+    """Whether ``ctx`` is a sub-agent's search branch (its evidence is the sub-topic)."""
+    return "subtopic" in ctx.evidence
 
 
 def observed_plan(question: str, chosen: Sequence[str], memory: PlanMemory) -> KnownPlan:

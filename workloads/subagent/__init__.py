@@ -11,12 +11,14 @@ from workloads.subagent.request import (
     SubAgentOutcome,
     SubAgentRequest,
     parse_plan,
+    search_coordinate,
 )
-from workloads.subagent.template import NO_SUBTOPIC, TEMPLATE
+from workloads.subagent.template import NO_SEARCH, NO_SUBTOPIC, TEMPLATE
 from workloads.subagent.workload import SubAgentWorkload, load_subagent_questions
 
 __all__ = [
     "MAX_SUBTOPICS",
+    "NO_SEARCH",
     "NO_SUBTOPIC",
     "PLAN_COORDINATE",
     "TEMPLATE",
@@ -25,4 +27,5 @@ __all__ = [
     "SubAgentWorkload",
     "load_subagent_questions",
     "parse_plan",
+    "search_coordinate",
 ]

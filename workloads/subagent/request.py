@@ -2,22 +2,24 @@
 
 Control flow: ``plan`` decides the sub-topics (a multi-valued branch); one sub-agent per
 sub-topic runs concurrently (``sub_think`` → ``retrieve`` → ``research``: a ReAct episode of
-its own, whose inputs hold the sub-topic and nothing of the parent question); ``synthesise``
-answers from the findings. The workflow reads each output's decision
+its own, whose inputs hold the sub-topic and nothing of the parent question; the search
+``sub_think`` decodes is a branch, one per sub-agent); ``synthesise`` answers from the
+findings. The workflow reads each output's decision
 (:func:`~dynbranch.decode_lengths.decision_of`), never the modelled reasoning before it.
 
 Replay (:meth:`SubAgentRequest.replay_text`) is a pure function of the rendered input,
 wrapped in the workload's decode model (reasoning first, then the decision):
 
-* ``plan`` for the record's question answers its decomposition's sub-topics, one per line
-  (:attr:`workloads.musique.Step.subtopic`). Bridge entities appear as the answers they
-  stand for — the trace's resolution of them — so every sub-agent can start at once; the
-  replayed planner is an oracle over the decomposition, not a model that has to wait.
-  With ``plan="references"`` it writes them as MuSiQue does, ``#k`` for the k-th step's
-  answer (:attr:`workloads.musique.Step.plan_line`): a sub-agent whose line names ``#k``
-  starts when the k-th sub-agent's finding exists, with the finding written in its place,
-  so the plan's chain is researched in order and its later sub-topics are not known while
-  the plan branch is open (only lines without references can be filled there).
+* ``plan`` for the record's question answers its decomposition's steps, one per line, with
+  bridge entities written as MuSiQue does, ``#k`` for the k-th step's answer
+  (:attr:`workloads.musique.Step.plan_line`; ``plan="references"``, the default): a
+  sub-agent whose line names ``#k`` starts when the k-th sub-agent's finding exists, with
+  the finding written in its place, so the plan's chain is researched in order and its
+  later sub-topics are not known while the plan branch is open (only lines without
+  references can be filled there). With ``plan="resolved"`` the bridges appear as the
+  answers they stand for (:attr:`workloads.musique.Step.subtopic`) — the trace's
+  resolution of them — so every sub-agent can start at once: that planner is an oracle over
+  the decomposition, not a model that has to wait.
 * ``sub_think`` for any sub-topic searches its entity (:func:`~workloads.musique.subtopic_entity`).
 * ``research`` for one of the record's sub-topics answers that step's gold answer, whatever
   the passages (MuSiQue records the answer, not the reading); for a sub-topic off the
@@ -55,10 +57,12 @@ from workloads.react.lengths import theta
 from workloads.react.request import parse_action
 from workloads.react.retrieval import TOOL_NAME, RetrieveTool, passage_values
 from workloads.subagent.template import (
+    DEFAULT_PLAN,
+    NO_SEARCH,
     NO_SUBTOPIC,
     PLANS,
     TEMPLATE,
-    TEMPLATE_REFERENCES,
+    TEMPLATES,
     WORKFLOW,
 )
 
@@ -67,6 +71,12 @@ from workloads.subagent.template import (
 MAX_SUBTOPICS = 8
 UNKNOWN_FINDING = "unknown"
 PLAN_COORDINATE = BranchCoordinate(WORKFLOW, "plan", 0)
+SEARCH_STAGE = "sub_think"
+
+
+def search_coordinate(index: int) -> BranchCoordinate:
+    """The coordinate of the search branch of the plan's ``index``-th sub-agent."""
+    return BranchCoordinate(WORKFLOW, SEARCH_STAGE, index)
 
 
 def parse_plan(text: str) -> list[str]:
@@ -110,18 +120,18 @@ class SubAgentRequest(RequestInstance):
         top_k: int = 3,
         decode: DecodeModel = RECORDED,
         history: tuple[KnownPlan, ...] = (),
-        plan: str = "resolved",
+        plan: str = DEFAULT_PLAN,
     ) -> None:
         if plan not in PLANS:
             raise ValueError(f"plan {plan!r}: choose one of {', '.join(PLANS)}")
         self.request_id, self.record, self._tool, self.top_k = request_id, record, tool, top_k
         self.decode, self.history, self.plan = decode, history, plan
-        if plan == "references":
-            self.template = TEMPLATE_REFERENCES
+        self.template = TEMPLATES[plan]
         self._answers: dict[str, str] = {}
         for step in record.steps:
             self._answers.setdefault(step.subtopic, step.answer)
         self._planning = False
+        self._searching: dict[BranchCoordinate, str] = {}  # open search branch → sub-topic
 
     # -- control flow -------------------------------------------------------------------------
 
@@ -141,7 +151,9 @@ class SubAgentRequest(RequestInstance):
         else:
             outcome.subtopics = lines
             outcome.findings = list(
-                await asyncio.gather(*(self.subagent(ctx, s) for s in outcome.subtopics))
+                await asyncio.gather(
+                    *(self.subagent(ctx, s, i) for i, s in enumerate(outcome.subtopics))
+                )
             )
         values = self.synthesise_values(outcome.subtopics, outcome.findings)
         outcome.answer = decision_of(await ctx.llm("synthesise", values)).strip()
@@ -161,7 +173,7 @@ class SubAgentRequest(RequestInstance):
             refs = [k for k in line_refs(line) if k < i]
             found = await asyncio.gather(*(tasks[k] for k in refs))
             subtopics[i] = substitute_refs(line, dict(zip(refs, found, strict=True)))
-            return await self.subagent(ctx, subtopics[i])
+            return await self.subagent(ctx, subtopics[i], i)
 
         for i, line in enumerate(lines):
             tasks.append(asyncio.ensure_future(research(i, line)))
@@ -185,15 +197,37 @@ class SubAgentRequest(RequestInstance):
             return {"question": self.record.question, "history": self.history, "plan": self.plan}
         return {"question": self.record.question, "history": self.history}
 
-    async def subagent(self, ctx: StageContext, subtopic: str) -> str:
-        """One sub-agent over ``subtopic``: think, search, read; returns its finding (a
-        finish without a search is taken as the finding; no action at all finds nothing)."""
+    async def subagent(self, ctx: StageContext, subtopic: str, index: int) -> str:
+        """The plan's ``index``-th sub-agent, over ``subtopic``: think (the search it decodes
+        is a branch), search, read; returns its finding (a finish without a search is taken
+        as the finding; no action at all finds nothing)."""
+        coordinate = search_coordinate(index)
+        point = BranchPoint(coordinate, (), evidence={"subtopic": subtopic})
+        self._searching[coordinate] = subtopic
+        try:
+            async with ctx.branch(point) as branch:
+                action = parse_action(await ctx.llm("sub_think", self.sub_think_values(subtopic)))
+                branch.resolve(action.argument if action and action.kind == "search" else NO_SEARCH)
+        finally:
+            self._searching.pop(coordinate, None)
+        return await self._act(ctx, subtopic, action)
+
+    async def episode(self, ctx: StageContext, subtopic: str) -> str:
+        """A whole sub-agent over ``subtopic`` with no branch: what a fill of the plan branch
+        runs (a fill never opens a branch), stage for stage as :meth:`subagent`."""
         action = parse_action(await ctx.llm("sub_think", self.sub_think_values(subtopic)))
+        return await self._act(ctx, subtopic, action)
+
+    async def _act(self, ctx: StageContext, subtopic: str, action: Any) -> str:
         if action is None:
             return UNKNOWN_FINDING
         if action.kind == "finish":
             return action.argument
-        passages = await ctx.tool("retrieve", self.retrieve_values(action.argument))
+        return await self.search(ctx, subtopic, action.argument)
+
+    async def search(self, ctx: StageContext, subtopic: str, entity: str) -> str:
+        """A sub-agent's search of ``entity`` and its reading: its finding."""
+        passages = await ctx.tool("retrieve", self.retrieve_values(entity))
         finding = await ctx.llm("research", self.research_values(subtopic, passages))
         return decision_of(finding).strip()
 
@@ -228,16 +262,27 @@ class SubAgentRequest(RequestInstance):
         return self.fill_values(point.coordinate, candidate) is not None
 
     async def speculate(self, ctx: StageContext, point: BranchPoint, candidate: str) -> None:
-        """C2's fill of a whole sub-agent (the ``subagent`` subgraph) for the predicted
-        sub-topic ``candidate`` while the plan branch is open; its stages render exactly as
-        :meth:`run` renders them if the plan names ``candidate``."""
-        if self.fill_values(point.coordinate, candidate) is None:
+        """C2's fill for ``candidate`` at an open branch, rendered exactly as :meth:`run`
+        renders it if the branch resolves to ``candidate``: at the plan branch a whole
+        sub-agent (the ``subagent`` subgraph) for the predicted sub-topic; at a sub-agent's
+        search branch the ``retrieve`` of the predicted entity and the ``research`` of its
+        passages (the fill ends there: the sub-agent's finding is its last stage)."""
+        values = self.fill_values(point.coordinate, candidate)
+        if values is None:
             return
-        await self.subagent(ctx, candidate)
+        if point.coordinate == PLAN_COORDINATE:
+            await self.episode(ctx, candidate)
+        else:
+            await self.search(ctx, str(point.evidence["subtopic"]), candidate)
 
     def fill_values(self, coordinate: BranchCoordinate, candidate: str) -> dict[str, Any] | None:
-        """The ``sub_think`` values a fill of sub-topic ``candidate`` renders first while the
-        plan branch is open; ``None`` otherwise."""
+        """The values a fill of ``candidate`` renders first at an open branch: ``sub_think``'s
+        for a sub-topic while the plan branch is open, ``retrieve``'s for an entity while a
+        sub-agent's search branch is open; ``None`` otherwise."""
+        if coordinate in self._searching:
+            if not candidate.strip() or candidate == NO_SEARCH:
+                return None
+            return self.retrieve_values(candidate)
         if coordinate != PLAN_COORDINATE or not self._planning:
             return None
         if not candidate.strip() or candidate == NO_SUBTOPIC:

@@ -45,7 +45,7 @@ from workloads.react.retrieval import (
 )
 from workloads.subagent.mix import partial_overlap_mix
 from workloads.subagent.request import SubAgentRequest
-from workloads.subagent.template import PLANS, SUBAGENT_STAGES, TEMPLATE, TEMPLATE_REFERENCES
+from workloads.subagent.template import DEFAULT_PLAN, PLANS, SUBAGENT_STAGES, TEMPLATE, TEMPLATES
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class SubAgentData:
     history: tuple[KnownPlan, ...] = ()
 
 
-def known_plan(record: MusiqueRecord, plan: str = "resolved") -> KnownPlan:
+def known_plan(record: MusiqueRecord, plan: str = DEFAULT_PLAN) -> KnownPlan:
     """``record``'s decomposition as a plan a predictor may remember: each step's
     sub-topic, entity, ask and answer; with ``plan="references"`` each step as its plan line
     (a later step's entity is its ``#k``)."""
@@ -98,7 +98,7 @@ class SubAgentWorkload(MusiqueWorkload):
         top_k: int = DEFAULT_TOP_K,
         mix: str | None = None,
         decode_lengths: str = "modelled",
-        plan: str = "resolved",
+        plan: str = DEFAULT_PLAN,
     ) -> None:
         if mix not in (None, "partial-overlap"):
             raise ConfigError(f"subagent mix {mix!r}: choose 'partial-overlap' or none")
@@ -106,8 +106,7 @@ class SubAgentWorkload(MusiqueWorkload):
             raise ConfigError(f"subagent plan {plan!r}: choose one of {', '.join(PLANS)}")
         super().__init__(tool_time, top_k, decode_lengths)
         self.mix, self.plan = mix, plan
-        if plan == "references":
-            self.template = TEMPLATE_REFERENCES
+        self.template = TEMPLATES[plan]
 
     def load(self, data: DataConfig) -> SubAgentData:
         """Decompositions and index of ``data.data_dir`` (validated once, then kept)."""
