@@ -262,12 +262,22 @@ class RequestContext:
                               [], self._o.rel(), None)
         self._o.log.branches.append(record)
         session = self._o.fills.open_branch(self.state, point)
-        await self._o.branch_hook.opened(session)
+        # NOTE: C2 decides beside the canonical path, never in front of it: the decision
+        # (a gate round trip, a load read across the network) runs while the body's stage
+        # decodes or its user thinks, and is awaited only when the branch resolves, before
+        # the resolution reaches C2 (a predictor's or gate's error fails the request there).
+        opening = asyncio.ensure_future(self._o.branch_hook.opened(session))
         scope = BranchResolution()
         # NOTE: stages decided inside the body and those that follow it on the same path
         # carry this coordinate until the path opens its next branch.
         _OPEN_BRANCH.set((self, str(point.coordinate)))
-        yield scope
+        try:
+            yield scope
+        except BaseException:
+            opening.cancel()
+            await asyncio.gather(opening, return_exceptions=True)
+            raise
+        await opening
         if scope.chosen is None:
             raise StageError(self.request_id, point.coordinate.stage,
                              f"branch {point.coordinate} closed without resolving")

@@ -269,8 +269,10 @@ def test_a_fill_stops_at_the_run_depth(gold):
     (request,) = subagent("2hop__1001_1002", plan="resolved")
     _, orch = run("c2", [request], depth=2, predictor=gold)
     spec = [s for s in orch.log.stages if s.speculative]
-    assert {s.stage for s in spec} == {"sub_think", "retrieve"}
-    assert {s.served_from for s in _canonical(orch) if s.stage == "research"} == {"exec"}
+    planned = [s.stage for s in spec if s.coordinate == "subagent/plan/0"]
+    assert sorted(planned) == sorted(["sub_think", "retrieve"] * 2)  # two stages each
+    # a search branch's fill runs at most two stages too: retrieve (held) and research
+    assert {s.stage for s in spec if s.coordinate != "subagent/plan/0"} <= {"research"}
 
 
 # -- a fill decodes what the canonical stage decodes ------------------------------------------

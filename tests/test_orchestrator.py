@@ -4,11 +4,16 @@ import asyncio
 
 import pytest
 
+from dynbranch.arms.base import Arm
 from dynbranch.arms.registry import get_arm
 from dynbranch.backend import EngineSpec, LocalBackend
 from dynbranch.clock import VirtualClock
+from dynbranch.fill.hook import NoSpeculation
 from dynbranch.orchestrator import Orchestrator
-from tests.toy import ToyRequest
+from dynbranch.reuse.hook import NoReuse
+from dynbranch.runtime.affinity import AffinityPlacement
+from dynbranch.workflow import BranchCoordinate, BranchPoint
+from tests.toy import KEYS, ToyRequest
 
 
 def run_toy(requests, *, workers=2, arrivals=None, profile="qwen3-8b@rtx4090"):
@@ -159,3 +164,72 @@ def test_affinity_placement_follows_the_prompt_and_keeps_fills_off_the_requests_
     # the head (engine 2) matches the prompt best
     assert policy.choose([9, 0, 0, 0], _call(head + "user: a\nassistant: b\nuser: d",
                                              "r1")) == 2
+
+
+class _SlowDecision(NoSpeculation):
+    """A branch hook whose decision takes a second of clock time (a gate across a network),
+    or fails."""
+
+    def __init__(self, run=None, reuse=None, fail=False):
+        super().__init__(run, reuse)
+        self.events: list[tuple[str, float]] = []
+        self.fail = fail
+
+    async def opened(self, session):
+        clock = session._runner.executor.clock
+        self.events.append(("opened", clock.now()))
+        await clock.sleep(1.0)
+        if self.fail:
+            raise RuntimeError("the gate broke")
+        self.events.append(("decided", clock.now()))
+
+    async def resolved(self, session, chosen):
+        self.events.append(("resolved", session.now()))
+
+
+def _run_with(hook, requests):
+    clock = VirtualClock()
+    backend = LocalBackend(clock, {"target": EngineSpec("sim", "qwen3-8b@rtx4090", 2)})
+    arm = Arm("slow-decision", "test", NoReuse, lambda run, reuse: hook, AffinityPlacement)
+
+    async def main():
+        await backend.start()
+        try:
+            orch = Orchestrator(clock, backend.clients(), arm)
+            orch.start_run()
+            records = [await orch.run_request(r, 0.0) for r in requests]
+            return records, orch
+        finally:
+            await backend.shutdown()
+
+    return clock.run(main())
+
+
+def test_the_canonical_path_never_waits_on_c2_s_decision():
+    hook = _SlowDecision()
+    (record,), orch = _run_with(hook, [ToyRequest(0)])
+    assert record.status == "completed"
+    (branch,) = orch.log.branches
+    plan = next(s for s in orch.log.stages if s.stage == "plan")
+    # the branch's stage starts when the branch opens, not a second later
+    assert plan.start == pytest.approx(branch.opened_at)
+    assert [e for e, _ in hook.events] == ["opened", "decided", "resolved"]
+    # the decision ends before the resolution reaches C2, however short the body
+    assert hook.events[2][1] >= hook.events[1][1]
+
+
+def test_a_failing_decision_fails_its_request_and_a_failing_body_cancels_the_decision():
+    (record,), _ = _run_with(_SlowDecision(fail=True), [ToyRequest(0)])
+    assert record.status == "failed" and "the gate broke" in record.error
+
+
+    class Broken(ToyRequest):
+        async def run(self, ctx):
+            async with ctx.branch(BranchPoint(BranchCoordinate("toy", "plan", 0), KEYS)):
+                await ctx.llm("plan", {"question": self.question})  # < 1 s: still deciding
+                raise LookupError("the body broke")
+
+    hook = _SlowDecision()
+    (record,), _ = _run_with(hook, [Broken(1)])
+    assert record.status == "failed" and "the body broke" in record.error
+    assert [e for e, _ in hook.events] == ["opened"]  # cancelled, never decided

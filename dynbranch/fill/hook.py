@@ -31,7 +31,8 @@ class BranchHook:
         ``oracle`` bound learns the trace's branch outcomes here)."""
 
     async def opened(self, session: BranchSession) -> None:
-        """The workflow opened a branch and is now deciding it."""
+        """The workflow opened a branch and is now deciding it. Runs beside the branch's
+        canonical stage, which never waits for it; :meth:`resolved` comes after it ended."""
 
     async def resolved(self, session: BranchSession, chosen: tuple[str, ...]) -> None:
         """The branch resolved to ``chosen``."""
