@@ -22,7 +22,15 @@ from experiments.rates import canonical_llm_s, rate_for
 from experiments.report import Line, facts_why, first, gap_pct, mean_rows, page, rows_table
 from experiments.report import spread_of as sof
 from experiments.stats import fmt
-from experiments.width import ORACLE_FANOUT, RHO, WHY, WORKLOAD, replay, welch_against
+from experiments.width import (
+    ORACLE_FANOUT,
+    RHO,
+    WHY,
+    WORKLOAD,
+    plan_branch_facts,
+    replay,
+    welch_against,
+)
 
 NAME = "fig9a"
 FANOUTS = (0, 1, 2, 3)
@@ -45,7 +53,7 @@ COLUMNS = (
     "f_spec_gpu_s_per_request",
     "f_discarded_gpu_s_per_request",
     "f_discarded_share",
-    "f_chosen_per_branch",
+    "f_chosen_per_plan_branch",
     "welch_p",
     "accuracy_vs_floor",
     "fills_issued",
@@ -202,7 +210,7 @@ def run(quick: bool, out: Path) -> Experiment:
     """Fig. 9a on Sub-Agent."""
     rate = rate_for(RHO, WORKERS, canonical_llm_s(WORKLOAD, replay(WORKERS, 0), out / "pilot"))
     all_cells = cells(quick, rate)
-    rows = run_cells(all_cells, out, extra=with_facts())
+    rows = run_cells(all_cells, out, extra=with_facts(plan_branch_facts))
     table = summarize(rows, out, all_cells)
     floor = next((r for r in rows if r["arm"] == "floor"), None)
     seeds, n = settings(quick)

@@ -24,7 +24,7 @@ from experiments.rates import canonical_llm_s, rate_for
 from experiments.report import Line, facts_why, first, mean_rows, page, rows_table
 from experiments.report import spread_of as sof
 from experiments.stats import fmt
-from experiments.width import ORACLE_FANOUT, RHO, WHY, WORKLOAD, replay
+from experiments.width import ORACLE_FANOUT, RHO, WHY, WORKLOAD, plan_branch_facts, replay
 
 NAME = "fig9b"
 WORKERS = (1, 2, 3, 4)
@@ -45,7 +45,7 @@ COLUMNS = (
     "captured",
     "f_consumed_gpu_s_per_request",
     "f_discarded_gpu_s_per_request",
-    "f_chosen_per_branch",
+    "f_chosen_per_plan_branch",
     "accuracy_vs_floor",
     "fills_issued",
     "fills_consumed",
@@ -114,7 +114,7 @@ def lines(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Line]
         ),
         Line(
             "candidates per plan branch (chosen sub-topics)",
-            f"{t4['f_chosen_per_branch']:.2f}" if t4.get("f_chosen_per_branch") else "—",
+            f"{t4['f_chosen_per_plan_branch']:.2f}" if t4.get("f_chosen_per_plan_branch") else "—",
             f"{PAPER['candidates_per_branch']}",
             "MuSiQue's 2–4-hop decompositions",
         ),
@@ -159,7 +159,7 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
 def run(quick: bool, out: Path) -> Experiment:
     """Fig. 9b on Sub-Agent."""
     llm_s = canonical_llm_s(WORKLOAD, replay(4, 0), out / "pilot")
-    rows = run_cells(cells(quick, llm_s), out, extra=with_facts())
+    rows = run_cells(cells(quick, llm_s), out, extra=with_facts(plan_branch_facts))
     table = summarize(rows)
     seeds, n = settings(quick)
     setup = (

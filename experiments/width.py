@@ -29,7 +29,7 @@ WHY = (
     "average of 2.67 candidates per branch\": only Sub-Agent's plan branch takes several "
     "candidates at once (a multi-valued branch: every named sub-topic is a valid result), and "
     "MuSiQue's decompositions name 2–4 sub-topics (our mean per plan branch is "
-    "`f_chosen_per_branch` in the table); on the single-winner workloads a fanout past 1 can "
+    "`f_chosen_per_plan_branch` in the table); on the single-winner workloads a fanout past 1 can "
     "only add losers. Mean latencies of 15–22 s are whole multi-sub-agent research requests, "
     "not Routing's few-second tool calls. And a fanout sweep says something only where a "
     "wider fill can still be used."
@@ -38,6 +38,17 @@ RHO = 1.0
 ORACLE_FANOUT = 3
 """The oracle's fill width in these sweeps: every resolved sub-topic of a plan branch (2–4)
 up to the widest configuration measured, so the bound is the same for every K."""
+
+
+def plan_branch_facts(cell: Cell, result: Any) -> dict[str, Any]:
+    """``f_chosen_per_plan_branch``: sub-topics chosen per resolved plan branch (each
+    sub-agent's search branch, which chooses one entity, is left out)."""
+    chosen = [
+        len(b.chosen)
+        for b in result.orchestrator.log.branches
+        if b.resolved_at is not None and b.coordinate.split("/")[1] == "plan"
+    ]
+    return {"f_chosen_per_plan_branch": sum(chosen) / len(chosen) if chosen else None}
 
 
 def replay(workers: int, fanout: int) -> dict[str, Any]:

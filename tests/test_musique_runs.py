@@ -68,8 +68,18 @@ def gold(monkeypatch):
     return "gold"
 
 
-def run(arm, requests, *, spacing=0.0, depth=2, predictor="entity", fanout=3, workers=2,
-        policy="topk", make_gate=None):
+def run(
+    arm,
+    requests,
+    *,
+    spacing=0.0,
+    depth=2,
+    predictor="entity",
+    fanout=3,
+    workers=2,
+    policy="topk",
+    make_gate=None,
+):
     """Run ``requests`` on ``arm`` (``spacing`` seconds apart); the records and the log."""
     clock = VirtualClock()
     backend = LocalBackend(clock, {"target": EngineSpec("sim", PROFILE, workers)})
@@ -179,14 +189,22 @@ def test_each_sub_agent_s_stages_carry_its_own_search_branch():
     # coordinate its own path opened, not whichever opened last
     (request,) = subagent("3hop1__1004_1005_1006", plan="resolved")
     _, orch = run("floor", [request])
-    by_subtopic = {s.subtopic: f"subagent/sub_think/{i}" for i, s in enumerate(request.record.steps)}
+    by_subtopic = {
+        s.subtopic: f"subagent/sub_think/{i}" for i, s in enumerate(request.record.steps)
+    }
     rows = _canonical(orch)
     thinks = [s for s in rows if s.stage == "sub_think"]
     starts = sorted(s.start for s in thinks)
     assert starts[0] == starts[-1]  # concurrent
     for step in request.record.steps:
-        think = next(s for s in thinks if s.input_digest == request.template.stage(
-            "sub_think").render(request.sub_think_values(step.subtopic)).input_digest)
+        think = next(
+            s
+            for s in thinks
+            if s.input_digest
+            == request.template.stage("sub_think")
+            .render(request.sub_think_values(step.subtopic))
+            .input_digest
+        )
         assert think.coordinate == by_subtopic[step.subtopic]
     per_coordinate = {}
     for s in rows:
@@ -229,8 +247,14 @@ def test_a_covered_fill_teaches_the_gate_nothing_of_use(gold):
             await super().learn(observations, settlements)
 
     (request,) = subagent("3hop1__1004_1005_1006", plan="resolved")
-    records, orch = run("c2", [request], depth=3, predictor=gold, policy="priced",
-                        make_gate=lambda model, config: Recording(Gate(model, config)))
+    records, orch = run(
+        "c2",
+        [request],
+        depth=3,
+        predictor=gold,
+        policy="priced",
+        make_gate=lambda model, config: Recording(Gate(model, config)),
+    )
     assert records[0].correct == 1.0
     fills = orch.mechanism_stats["speculation"]["fills"]
     assert fills["consumed"] == 3 and fills["covered"] == 3 and fills["discarded"] == 0

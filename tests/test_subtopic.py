@@ -188,8 +188,7 @@ def test_accuracy_on_the_test_split(real_dir):
     assert run["rows"]["all"]["subtopics"] == 270
     assert run["rows"]["all"]["top5"] == pytest.approx(120 / 270)
     assert run["plans"]["all@3"] == 0.07  # plans whose every sub-topic is in the top 3
-    recall = subtopic_accuracy(real_dir, n=100, predictor=make_predictor("recall"),
-                               plan="resolved")
+    recall = subtopic_accuracy(real_dir, n=100, predictor=make_predictor("recall"), plan="resolved")
     assert recall["plans"]["proposed"] == 0.03 and recall["rows"]["all"]["top5"] < 0.01
 
 
@@ -215,17 +214,23 @@ def test_unreferenced_lines_on_the_test_split(real_dir):
 
 
 def search_ctx(subtopic: str) -> BranchContext:
-    return BranchContext("r", BranchCoordinate("subagent", "sub_think", 0), (),
-                         {"subtopic": subtopic})
+    return BranchContext(
+        "r", BranchCoordinate("subagent", "sub_think", 0), (), {"subtopic": subtopic}
+    )
 
 
 def test_search_candidates_are_the_names_a_sub_topic_gives_in_order():
     assert search_candidates("Steve Hillage >> spouse") == [("Steve Hillage", "head")]
     assert search_candidates("Germans >> What king united the Franks and Saxons?") == [
-        ("Germans", "head"), ("Franks", "ask1"), ("Saxons", "ask2")]
+        ("Germans", "head"),
+        ("Franks", "ask1"),
+        ("Saxons", "ask2"),
+    ]
     assert search_candidates("Count of Barcelona >> spouse") == [("Count of Barcelona", "head")]
     assert search_candidates("Who founded Quillfeather Press?") == [
-        ("Who founded Quillfeather Press?", "head"), ("Quillfeather Press", "inner1")]
+        ("Who founded Quillfeather Press?", "head"),
+        ("Quillfeather Press", "inner1"),
+    ]
     assert search_candidates(" >> ") == []
 
 
