@@ -43,9 +43,10 @@ speculative requests yield to normal ones.
   phase would run. Routing and HCI are not search agents; there the arm runs its nearest
   meaningful behaviour, the predicted action's downstream as the workload's ``speculate``
   renders it (Routing: handler then executor; HCI: lookup then the reply), up to the
-  run's fill depth. On Sub-Agent the plan branch has an open vocabulary the workload's
-  default predictor cannot rank, so no fill is ever proposed there (as for ``c2``) and
-  the arm runs as the floor.
+  run's fill depth. On Sub-Agent each sub-agent is a search agent: at its search branch
+  the arm fills the top-ranked entity's search and stops there (the ``research`` that reads
+  it is the next reasoning step); at the plan branch it fills the top-ranked sub-topic's
+  sub-agent up to its search.
 * The floor's placement (:class:`~dynbranch.runtime.affinity.AffinityPlacement`).
 """
 
