@@ -229,9 +229,13 @@ def test_spagent_fills_only_while_engine_load_is_under_the_threshold():
     assert (loaded_stats["admitted"], loaded_stats["throttled"]) == (0, 1)
     assert loaded_stats["fills"]["issued"] == 0 and speculative(loaded_orch) == []
     assert all(load.running == 0 and load.waiting == 0 for load in loads)
-    # the same load with a higher bar is headroom again
+    # the same load with a higher bar is headroom again. NOTE: the decision runs beside the
+    # branch's own canonical call, which the engine already holds: 8 + 1 sequences
+    _, held, _ = run(spagent_arm(), request(), workers=1, background=8,
+                     config=SPAgentConfig(max_sequences=9))
+    assert held.mechanism_stats["speculation"]["fills"]["issued"] == 0
     _, raised, _ = run(spagent_arm(), request(), workers=1, background=8,
-                       config=SPAgentConfig(max_sequences=9))
+                       config=SPAgentConfig(max_sequences=10))
     assert raised.mechanism_stats["speculation"]["fills"]["issued"] == 1
 
 
