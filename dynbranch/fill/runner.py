@@ -6,9 +6,9 @@
 :meth:`~dynbranch.workload.RequestInstance.speculate` for one candidate through a
 :class:`~dynbranch.fill.context.FillContext`. The runner cancels losers (engine abort),
 drops the shadows nobody consumed, records which canonical stage consumed which fill, and
-counts issued / consumed / discarded (executed work nobody was served) / covered (ran to its
-end executing nothing: the store already held every stage it reached). Which candidates to fill is policy
-(:mod:`dynbranch.fill.speculator`), not decided here.
+counts issued / consumed / discarded (executed work nobody was served) / covered (ran to
+its end executing nothing: the store already held every stage it reached). Which
+candidates to fill is policy (:mod:`dynbranch.fill.speculator`), not decided here.
 
 Ownership: a session owns its fills; the runner indexes sessions by request and fills by
 the reuse names they executed under, so a canonical stage of *any* request that is served a

@@ -54,7 +54,7 @@ from workloads.musique import (
     subtopic_entity,
 )
 from workloads.react.lengths import theta
-from workloads.react.request import parse_action
+from workloads.react.request import Action, parse_action
 from workloads.react.retrieval import TOOL_NAME, RetrieveTool, passage_values
 from workloads.subagent.template import (
     DEFAULT_PLAN,
@@ -131,7 +131,7 @@ class SubAgentRequest(RequestInstance):
         for step in record.steps:
             self._answers.setdefault(step.subtopic, step.answer)
         self._planning = False
-        self._searching: dict[BranchCoordinate, str] = {}  # open search branch → sub-topic
+        self._searching: set[BranchCoordinate] = set()  # the sub-agents' open search branches
 
     # -- control flow -------------------------------------------------------------------------
 
@@ -203,13 +203,13 @@ class SubAgentRequest(RequestInstance):
         as the finding; no action at all finds nothing)."""
         coordinate = search_coordinate(index)
         point = BranchPoint(coordinate, (), evidence={"subtopic": subtopic})
-        self._searching[coordinate] = subtopic
+        self._searching.add(coordinate)
         try:
             async with ctx.branch(point) as branch:
                 action = parse_action(await ctx.llm("sub_think", self.sub_think_values(subtopic)))
                 branch.resolve(action.argument if action and action.kind == "search" else NO_SEARCH)
         finally:
-            self._searching.pop(coordinate, None)
+            self._searching.discard(coordinate)
         return await self._act(ctx, subtopic, action)
 
     async def episode(self, ctx: StageContext, subtopic: str) -> str:
@@ -218,7 +218,7 @@ class SubAgentRequest(RequestInstance):
         action = parse_action(await ctx.llm("sub_think", self.sub_think_values(subtopic)))
         return await self._act(ctx, subtopic, action)
 
-    async def _act(self, ctx: StageContext, subtopic: str, action: Any) -> str:
+    async def _act(self, ctx: StageContext, subtopic: str, action: Action | None) -> str:
         if action is None:
             return UNKNOWN_FINDING
         if action.kind == "finish":
