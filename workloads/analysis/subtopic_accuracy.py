@@ -22,7 +22,7 @@ of 0.3: of L2 0.1 / 0.01 / 0.001 the best top-3 on train, 37 / 39 / 40 %). Chain
 candidates carry their parent's probability under the weights, so the fit runs twice: the
 first from zero weights, the second with the first's.
 
-Measured on ``test`` (train history 583 plans; top-1 / top-3 / top-5 / candidates in % of
+Measured on ``test`` with ``plan="resolved"`` (train history 583 plans; top-1 / top-3 / top-5 / candidates in % of
 the chosen sub-topics):
 
 * the 100 requests a seed-0 replay draws (270 sub-topics): all 20 / 40 / 44 / 63, first
@@ -188,9 +188,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--predictor", default="subtopic")
+    ap.add_argument("--plan", default=DEFAULT_PLAN, choices=["references", "resolved"])
     args = ap.parse_args()
     row = subtopic_accuracy(
-        n=args.requests, seed=args.seed, predictor=make_predictor(args.predictor)
+        n=args.requests, seed=args.seed, predictor=make_predictor(args.predictor), plan=args.plan
     )
     print(json.dumps(row, indent=1))
 
