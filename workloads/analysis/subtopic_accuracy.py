@@ -22,8 +22,8 @@ of 0.3: of L2 0.1 / 0.01 / 0.001 the best top-3 on train, 37 / 39 / 40 %). Chain
 candidates carry their parent's probability under the weights, so the fit runs twice: the
 first from zero weights, the second with the first's.
 
-Measured on ``test`` with ``plan="resolved"`` (train history 583 plans; top-1 / top-3 / top-5 / candidates in % of
-the chosen sub-topics):
+Measured on ``test`` with ``plan="resolved"`` (train history 583 plans; top-1 / top-3 /
+top-5 / candidates in % of the chosen sub-topics):
 
 * the 100 requests a seed-0 replay draws (270 sub-topics): all 20 / 40 / 44 / 63, first
   steps 14 / 31 / 33 / 49, later steps 24 / 45 / 51 / 71; candidates at 100 of 100 plan

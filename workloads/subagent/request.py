@@ -267,8 +267,7 @@ class SubAgentRequest(RequestInstance):
         sub-agent (the ``subagent`` subgraph) for the predicted sub-topic; at a sub-agent's
         search branch the ``retrieve`` of the predicted entity and the ``research`` of its
         passages (the fill ends there: the sub-agent's finding is its last stage)."""
-        values = self.fill_values(point.coordinate, candidate)
-        if values is None:
+        if not self.fillable(point, candidate):
             return
         if point.coordinate == PLAN_COORDINATE:
             await self.episode(ctx, candidate)
