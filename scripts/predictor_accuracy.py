@@ -1,7 +1,7 @@
 """Top-1/3/5 of each workload's predictor on the test split, after learning the train split.
 
     python scripts/predictor_accuracy.py [--workloads routing react subagent hci]
-                                         [--train 500] [--test 300] [--predictor NAME]
+                                         [--train 1024] [--test 300] [--predictor NAME]
 
 As a replay's C2 arm sees it: the predictor first observes the branches of up to ``--train``
 train-split requests run offline (what :meth:`~dynbranch.fill.speculator.Speculator.prepopulate`
@@ -27,6 +27,7 @@ if str(ROOT) not in sys.path:  # NOTE: measure this tree's code, not an installe
     sys.path.insert(0, str(ROOT))
 
 from dynbranch.datasets import cache_dir, resolve_data_dir  # noqa: E402
+from dynbranch.fill.speculator import TRAIN_REQUESTS  # noqa: E402
 from dynbranch.predictors import BranchContext, make_predictor  # noqa: E402
 from dynbranch.runtime.offline import precompute  # noqa: E402
 from dynbranch.workload import DataConfig  # noqa: E402
@@ -102,7 +103,8 @@ def report(result: dict) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", nargs="+", default=["routing", "react", "subagent", "hci"])
-    ap.add_argument("--train", type=int, default=500)
+    ap.add_argument("--train", type=int, default=TRAIN_REQUESTS,
+                    help="train requests learnt first (default: as many as a replay learns)")
     ap.add_argument("--test", type=int, default=300)
     ap.add_argument("--predictor", default=None, help="default: each workload's own")
     args = ap.parse_args()

@@ -33,7 +33,7 @@ from workloads.routing.categories import (
     parse_categories,
 )
 from workloads.routing.decode import SCALE, category_medians, decode_model, stage_medians
-from workloads.routing.request import ExecutedCall
+from workloads.routing.request import ExecutedCall, _verb
 from workloads.routing.tools import CONNECTED_CAR_S, IN_PROCESS_S, modelled_latency_s
 from workloads.routing.workload import RoutingWorkload, split_of
 
@@ -269,12 +269,20 @@ def test_router_evidence_holds_branch_time_features_only():
     said = sorted({w[:4] for w in re.findall(r"[a-z0-9]+", request.record.turns[0].lower())
                    if len(w) >= 3})
     words = [f"word:{w}>ls" for w in said]  # the turn's words, crossed with the candidate
-    assert features["ls"] == ["<turn start> -> ls", "name-overlap=0", "doc-overlap=1", *words]
+    assert features["ls"] == ["<turn start> -> ls", "name-overlap=0", "doc-overlap=1",
+                              "verb:<turn start>->ls", *words]
+    assert "verb:<turn start>->mkdir" in features["mkdir"]
+    # the verb pools across API classes and naming styles
+    assert {_verb(n) for n in ("get_stock_info", "getWatchlist", "get")} == {"get"}
+    assert _verb("displayCarStatus") == "display" and _verb("math.hypot") == "math"
     assert features["<end_of_turn>"] == [
         "<turn start> -> <end_of_turn>", "end-after=0", *(f"word:{w}>end-after=0" for w in said)]
-    # "List everything in here" names no function; after ls ran, ls is marked and END counts it
+    # "List everything in here" names no function; after ls ran, ls is marked (as called and
+    # as the call just made) and END counts it
     assert second.evidence["candidate_features"]["ls"] == [
-        "ls -> ls", "name-overlap=0", "doc-overlap=1", "called-this-turn", *words]
+        "ls -> ls", "name-overlap=0", "doc-overlap=1", "verb:ls->ls", "called-this-turn",
+        "repeat-previous", *words]
+    assert "repeat-previous" not in second.evidence["candidate_features"]["cd"]
     assert second.evidence["candidate_features"]["<end_of_turn>"][1] == "end-after=1"
     # nothing of the resolved branch: the same features whatever the trace chose next
     assert set(first.evidence) == {"turn", "candidate_features"}
