@@ -62,6 +62,9 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
                    help="--predictor drafter: drafter engines, shared by all workers")
     p.add_argument("--drafter-samples", type=int, default=8,
                    help="--predictor drafter: draft calls per branch (N)")
+    p.add_argument("--drafter-think-tokens", type=int, default=0,
+                   help="--predictor drafter: tokens each draft call reasons before it "
+                        "answers (0: a drafter that answers at once)")
     p.add_argument("--arrival", default="poisson", choices=["poisson", "gamma"])
     p.add_argument("--cv", type=float, default=1.0,
                    help="coefficient of variation of gamma inter-arrival gaps")
@@ -209,7 +212,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         data_dir=args.data_dir, address=args.address,
         predictor=args.predictor, drafter_profile=args.drafter_profile,
         drafter_model=args.drafter_model, drafter_workers=args.drafter_workers,
-        drafter_samples=args.drafter_samples, depth=args.depth, gate=args.gate,
+        drafter_samples=args.drafter_samples,
+        drafter_think_tokens=args.drafter_think_tokens, depth=args.depth, gate=args.gate,
         p_star=args.p_star, store_mb=args.store_mb, eviction=args.eviction,
         max_inflight=args.max_inflight, deadline_s=args.deadline_s, tenants=args.tenants,
         network=args.network, out=args.out, progress=not args.quiet,

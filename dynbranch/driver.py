@@ -85,6 +85,7 @@ class ReplayConfig:
     drafter_model: str | None = None  # a real drafter (hf | vllm): its local model directory
     drafter_workers: int = 1  # drafter engines, shared by every worker
     drafter_samples: int = 8  # N: draft calls per branch
+    drafter_think_tokens: int = 0  # tokens each draft call reasons before it answers
     gate: str = "priced"
     p_star: float = 0.5
     store_mb: int = 1024
@@ -197,7 +198,8 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
 def run_options(cfg: ReplayConfig, default_predictor: str) -> RunOptions:
     """The run's typed options from ``cfg`` (each checks its own ranges: a typed error);
     ``default_predictor`` is the workload's, used unless ``cfg`` names one."""
-    predictor_options = ({"samples": cfg.drafter_samples, "seed": cfg.seed}
+    predictor_options = ({"samples": cfg.drafter_samples, "seed": cfg.seed,
+                          "think_tokens": cfg.drafter_think_tokens}
                          if cfg.predictor == "drafter" else {})
     try:
         return RunOptions(

@@ -147,6 +147,8 @@ def check_drafter(cfg: ReplayConfig) -> None:
     if cfg.drafter_workers < 1 or cfg.drafter_samples < 1:
         raise ConfigError(f"need --drafter-workers >= 1 and --drafter-samples >= 1 "
                           f"(got {cfg.drafter_workers}, {cfg.drafter_samples})")
+    if cfg.drafter_think_tokens < 0:
+        raise ConfigError(f"need --drafter-think-tokens >= 0 (got {cfg.drafter_think_tokens})")
     if cfg.drafter_model is None:
         from dynbranch.engines.profile import load_profile
 

@@ -82,10 +82,8 @@ class SweptSpeculator(OracleSpeculator):
 
     def __init__(self, run: RunContext, vote_accuracy: float, think_tokens: int) -> None:
         super().__init__(run)
-        options = dict(run.fill.predictor_options)
-        self.predictor = SweptDrafter(
-            self.outcomes, vote_accuracy, think_tokens=think_tokens, **options
-        )
+        options = {**run.fill.predictor_options, "think_tokens": think_tokens}  # the sweep's
+        self.predictor = SweptDrafter(self.outcomes, vote_accuracy, **options)
 
     def stats(self) -> dict[str, Any]:
         p = self.predictor

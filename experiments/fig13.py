@@ -41,6 +41,14 @@ GATES_A = (
 """p* = 0.2 for panel (a): a fixed threshold must admit for the comparison to mean anything
 (with uniform priors p~ starts at 0.5 · 0.5, so p* >= 0.5 never admits and never learns)."""
 THRESHOLDS_B = (0.999, 0.9, 0.7, 0.5, 0.3, 0.1)
+DRAFT_THINK_TOKENS_B = 256
+"""Tokens each of panel (b)'s draft calls reasons before it answers. NOTE: the paper's drafter
+drafts 2.5–2.6 s per request, which only a reasoning drafter costs: one that answers at once
+drafts 0.048 s per request here (8 calls of a few tokens on the 0.6B, 3.4 entries per
+request), too little for Action 0 to have anything to save; with 256 tokens it drafts
+1.92 s per request (``dynbranch replay --workload react --arm c2 --backend local --clock
+virtual --rate 0.12 --requests 100 --predictor drafter --drafter-think-tokens 256``), and
+the think stage it races decodes about 7 s, so drafts still finish before the decision."""
 RATE_A = 0.8  # Routing, req/s
 RATE_B = 0.12  # ReAct, req/s
 PAIR = ("workload", "rate", "seed", "requests")
@@ -107,6 +115,7 @@ def cells(quick: bool, predictor_b: str) -> list[Cell]:
                     "gate": "fixed-threshold",
                     "p_star": p,
                     "predictor": predictor_b,
+                    "drafter_think_tokens": DRAFT_THINK_TOKENS_B,
                     "tool_time": "modelled",
                 },
             )
@@ -120,7 +129,8 @@ def cells(quick: bool, predictor_b: str) -> list[Cell]:
                 rate=RATE_B,
                 requests=n_b,
                 seed=seed,
-                replay={"gate": "priced", "predictor": predictor_b, "tool_time": "modelled"},
+                replay={"gate": "priced", "predictor": predictor_b,
+                        "drafter_think_tokens": DRAFT_THINK_TOKENS_B, "tool_time": "modelled"},
             )
         )
         floors = [
@@ -287,7 +297,8 @@ def run(quick: bool, out: Path) -> Experiment:
     test = _latency_test(out, all_cells, "a:priced", "a:fixed-threshold(p*=0.2)")
     setup = (
         f"(a) Routing at {RATE_A:g} req/s, arm `full`, four gate settings (p* = 0.2); (b) ReAct "
-        f"at {RATE_B:g} req/s, arm `c2` with the `{predictor_b}` predictor, Action 0 off and "
+        f"at {RATE_B:g} req/s, arm `c2` with the `{predictor_b}` predictor (each draft call "
+        f"reasons {DRAFT_THINK_TOKENS_B} tokens, as the paper's drafter), Action 0 off and "
         "fixed thresholds against both levels priced. Each panel's batch shares one "
         "floor and one oracle; batches alternate their order across seeds."
     )

@@ -53,6 +53,8 @@ def refused(argv: list[str], capsys, tmp_path: Path) -> str:
         (["--profile", "nope"], "unknown profile 'nope'; known profiles: gemma-3-27b@h200"),
         (["--drafter-profile", "nope", "--predictor", "drafter"], "unknown profile 'nope'"),
         (["--predictor", "drafter", "--drafter-samples", "0"], "--drafter-samples >= 1"),
+        (["--predictor", "drafter", "--drafter-think-tokens", "-1"],
+         "--drafter-think-tokens >= 0"),
         (["--workload", "chess"], "unknown workload 'chess'"),
         (["--arm", "magic"], "unknown arm 'magic'"),
         (["--plan", "references"], "--plan sets how the subagent workload's planner"),

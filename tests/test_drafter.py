@@ -236,6 +236,19 @@ def test_a_thinking_drafter_reasons_before_its_answer():
     assert parse_vote("<think>alpha? no.</think> gamma", NAMES) == "gamma"
 
 
+def test_the_replays_drafter_settings_reach_the_drafter():
+    from dynbranch.driver import ReplayConfig, run_options
+
+    cfg = ReplayConfig(predictor="drafter", drafter_samples=3, drafter_think_tokens=64, seed=5,
+                       fanout=3, depth=2)  # as prepare() resolves them
+    options = run_options(cfg, "logit").fill.predictor_options
+    assert options == {"samples": 3, "seed": 5, "think_tokens": 64}
+    p = make_predictor("drafter", **options)
+    assert p.config.think_tokens == 64 and p.config.samples == 3
+    plain = ReplayConfig(drafter_think_tokens=64, fanout=3, depth=2)
+    assert run_options(plain, "logit").fill.predictor_options == {}
+
+
 # -- end to end: the Speculator drafts on the drafter engine ----------------------------------
 
 
