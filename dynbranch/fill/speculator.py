@@ -76,8 +76,8 @@ candidates the predictor ranked while it was open (best first), and what it chos
 
 TRAINED_KEPT = 4
 """Learnt train splits :func:`keeping_train_splits` keeps by default, each a predictor's state
-and its ranked train branches (Routing's 500 requests: a 4 MB predictor pickle and 1,602
-branches, 21 MB pickled)."""
+and its ranked train branches (Routing's, measured when it learnt 500 requests rather than
+today's 1,024: a 4 MB predictor pickle and 1,602 branches, 21 MB pickled)."""
 _TRAINED: OrderedDict[Hashable, tuple[bytes, list[HistoryBranch], int]] = OrderedDict()
 _kept = 0  # how many _TRAINED holds at most; 0 outside keeping_train_splits()
 
