@@ -243,7 +243,9 @@ def lines(table: list[dict[str, Any]], latency_test: str) -> list[Line]:
             f"{bp['drafting_s_per_request']:.3f} "
             f"({fixed_draft / max(bp['drafting_s_per_request'], 1e-9):.1f}× less)",
             "0.89 (2.8× less)",
-            "Action 0 closes the drafter where it does not pay",
+            f"Action 0 opened the drafter at {bp['openings_per_request']:.2f} of "
+            f"{bp['f_branches_per_request']:.2f} branch entries per request: it closes it only "
+            "where the entry's measured return does not pay for the draft",
         ),
         Line(
             "(b) accuracy across the sweep",
