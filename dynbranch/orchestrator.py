@@ -277,6 +277,7 @@ class RequestContext:
             opening.cancel()
             await asyncio.gather(opening, return_exceptions=True)
             raise
+        session.decide()  # NOTE: a decision that has not begun by now has no window left
         await opening
         if scope.chosen is None:
             raise StageError(self.request_id, point.coordinate.stage,

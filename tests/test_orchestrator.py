@@ -12,6 +12,7 @@ from dynbranch.fill.hook import NoSpeculation
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.reuse.hook import NoReuse
 from dynbranch.runtime.affinity import AffinityPlacement
+from dynbranch.runtime.run import FillOptions, GateOptions, RunContext
 from dynbranch.workflow import BranchCoordinate, BranchPoint
 from tests.toy import KEYS, ToyRequest
 
@@ -233,3 +234,61 @@ def test_a_failing_decision_fails_its_request_and_a_failing_body_cancels_the_dec
     (record,), _ = _run_with(hook, [Broken(1)])
     assert record.status == "failed" and "the body broke" in record.error
     assert [e for e, _ in hook.events] == ["opened"]  # cancelled, never decided
+
+
+class _SeesDecided(NoSpeculation):
+    """Records, at each entry's decision, whether the canonical path had already decided."""
+
+    def __init__(self, run=None, reuse=None):
+        super().__init__(run, reuse)
+        self.seen: list[bool] = []
+
+    async def opened(self, session):
+        self.seen.append(session.decided)
+
+
+def test_a_decision_that_begins_after_the_body_decided_sees_it_decided():
+    class Instant(ToyRequest):
+        async def run(self, ctx):
+            async with ctx.branch(BranchPoint(BranchCoordinate("toy", "plan", 0), KEYS)) as br:
+                br.resolve(self.key)  # decided without waiting on anything: no window
+            return await ctx.llm("answer", {"question": self.question,
+                                            "fact": f"{self.key} is 5 letters long"})
+
+    hook = _SeesDecided()
+    records, _ = _run_with(hook, [Instant(0), ToyRequest(1)])
+    assert [r.status for r in records] == ["completed", "completed"]
+    # the instant body decided before C2 began; the plan stage kept C2's window open
+    assert hook.seen == [True, False]
+
+
+def test_full_neither_prices_nor_fills_a_branch_whose_decision_c1_served():
+    clock = VirtualClock()
+    backend = LocalBackend(clock, {"target": EngineSpec("sim", "qwen3-8b@rtx4090", 2)})
+
+    async def main():
+        await backend.start()
+        try:
+            run = RunContext(clock=clock, arm="full", models=backend.models(),
+                             fill=FillOptions(fanout=2, predictor="frequency"),
+                             gate=GateOptions(policy="topk", engines=2,
+                                              profile="qwen3-8b@rtx4090"),
+                             make_store=lambda: backend.make_store(1 << 26))
+            orch = Orchestrator(clock, backend.clients(), get_arm("full"), run=run)
+            orch.start_run()
+            first = await orch.run_request(ToyRequest(0), 0.0)
+            issued = orch.fills.counts["issued"]
+            again = await orch.run_request(ToyRequest(0), clock.now())  # same input again
+            await orch.finish_run()
+            return first, issued, again, orch
+        finally:
+            await backend.shutdown()
+
+    first, issued, again, orch = clock.run(main())
+    assert first.status == again.status == "completed"
+    plans = [s for s in orch.log.stages if s.stage == "plan" and not s.speculative]
+    assert [s.served_from for s in plans] == ["exec", "cache"]
+    stats = orch.branch_hook.stats()
+    assert issued > 0  # the first entry had a window and filled
+    assert stats["branches"] == 2 and stats["decided_first"] == 1
+    assert orch.fills.counts["issued"] == issued  # the C1-served entry filled nothing
