@@ -276,7 +276,9 @@ class Speculator(BranchHook):
             # served from the store or a shadow without waiting): there is no window, so
             # the gate is not asked and nothing is filled. Such entries were fully priced and
             # their fills started, then discarded at once: on 10,000 Routing requests at
-            # 4 req/s, 69 % of branch entries and 54,065 fills issued for 2,467 consumed.
+            # 4 req/s (repeats served from C1), 69 % of branch entries, and 54,065 fills
+            # issued for 2,467 consumed; skipped, 3,282 for 2,636, mean latency 10.27 ->
+            # 10.05 s and the replay 255 -> 112 s wall.
             self.counts["decided_first"] += 1
             return
         ctx = BranchContext.of(session.request_id, session.point)
