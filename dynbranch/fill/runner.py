@@ -36,8 +36,8 @@ class BranchSession:
     """An open branch as C2 sees it: what it is, and the services to decide and fill it.
 
     One per branch entry. ``setup_s`` is the prediction time the entry spent (Action 0's
-    ``T_setup``); ``fills`` the fills started on it, in start order; ``decided_at`` when the
-    canonical path reached its decision (``None`` while it is still deciding).
+    ``T_setup``); ``fills`` the fills started on it, in start order; ``decided`` whether the
+    canonical path has already reached its decision (see :meth:`decide`).
     """
 
     def __init__(self, runner: FillRunner, state: RequestState, point: BranchPoint) -> None:
@@ -46,17 +46,11 @@ class BranchSession:
         self.opened_at = runner.executor.clock.now()
         self.setup_s = 0.0
         self.fills: list[Fill] = []
-        self.decided_at: float | None = None
+        self.decided = False
 
     def decide(self) -> None:
         """The canonical path has decided: nothing started from now on can hide any of it."""
-        if self.decided_at is None:
-            self.decided_at = self.now()
-
-    @property
-    def decided(self) -> bool:
-        """Whether the canonical path has already decided (see :meth:`decide`)."""
-        return self.decided_at is not None
+        self.decided = True
 
     def now(self) -> float:
         """The run clock."""
