@@ -20,6 +20,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 import struct
+import sys
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,6 +31,10 @@ from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateRes
 from dynbranch.engines.queued import DONE, RUNNING, WAITING
 from dynbranch.engines.tokenizer import encode, tokenize
 from dynbranch.errors import EngineError
+
+_LITTLE_INT32 = sys.byteorder == "little" and array("i").itemsize == 4
+"""Whether an ``array('i')`` of token ids (all in ``[0, 2**31)``) is already laid out as
+``struct``'s ``"<I"`` packs them, so a block key hashes its bytes directly."""
 
 EOS_TOKEN_ID = 151_645
 """Qwen3's ``<|im_end|>``: the token a chat turn ends on; its step emits no text."""
@@ -75,7 +81,14 @@ def replayed_text(prompt: str, replay_text: str, max_tokens: int,
     what is left of the context after the prompt — what the splice checker compares a
     served LLM stage with."""
     request = GenerateRequest("replayed", prompt, max_tokens=max_tokens, replay_text=replay_text)
-    room = None if context_limit is None else context_limit - len(encode(prompt))
+    room = None
+    # NOTE: a token covers at least one character, so a prompt of c characters leaves at
+    # least ``context_limit - c`` tokens; when that already exceeds ``max_tokens`` the context
+    # cannot cut and the prompt need not be encoded (a fifth of a long replay's audit did).
+    if context_limit is not None and context_limit - len(prompt) < max_tokens:
+        room = context_limit - len(encode(prompt))
+    if len(replay_text) < (max_tokens if room is None else min(max_tokens, room)):
+        return replay_text  # fewer pieces than the limit, whatever they are: nothing is cut
     return "".join(replay_plan(request, room).pieces)
 
 
@@ -94,7 +107,7 @@ class Seq:
     request: GenerateRequest
     plan: ReplayPlan
     prompt_len: int
-    token_ids: list[int]
+    token_ids: list[int] | array[int]
     arrival: int  # arrival order, for FCFS within a priority and for victim choice
     arrived_at: float
     queue_key: tuple[int, int]
@@ -137,7 +150,11 @@ class Seq:
         assert end <= len(self.token_ids), "only full blocks have keys"
         # NOTE: block_hash's keys, computed over one packing of all the new blocks: a long
         # prompt has hundreds, and a call per block was a tenth of a replay's time.
-        packed = struct.pack(f"<{end - start}I", *self.token_ids[start:end])
+        ids = self.token_ids
+        if type(ids) is array and _LITTLE_INT32:
+            packed = ids[start:end].tobytes()  # the same bytes as packing them "<I"
+        else:
+            packed = struct.pack(f"<{end - start}I", *ids[start:end])
         width = 4 * block_size
         parent = hashes[-1] if hashes else root_hash(self.request.cache_salt)
         sha256 = hashlib.sha256

@@ -46,7 +46,7 @@ from dynbranch.engines.protocol import (
 from dynbranch.engines.queued import DONE, RUNNING
 from dynbranch.engines.scheduler import EOS_TOKEN_ID, ReplayPlan, Scheduler, Seq, replay_plan
 from dynbranch.engines.skip_ahead import BusyWindow, Stepper
-from dynbranch.engines.tokenizer import encode
+from dynbranch.engines.tokenizer import encode_array
 from dynbranch.errors import EngineError, PromptTooLongError
 
 BUSY_WINDOW_S = 2.0
@@ -174,7 +174,7 @@ class SimEngine(Engine):
             raise EngineError(f"engine {self.engine_id} is not running (start() it first)")
         if request.request_id in self._seqs:
             raise EngineError(f"engine {self.engine_id}: request {request.request_id} is in flight")
-        prompt_ids = encode(request.prompt)
+        prompt_ids = encode_array(request.prompt)
         if not prompt_ids:
             raise EngineError(f"request {request.request_id}: the prompt is empty")
         plan = replay_plan(request, self.profile.model.max_model_len - len(prompt_ids))

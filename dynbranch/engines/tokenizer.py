@@ -120,13 +120,14 @@ class _Encoder:
             old, _ = self.recent.popitem(last=False)
             del self.sorted[bisect_left(self.sorted, old)]
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> array[int]:
+        """``text``'s ids as a fresh array (the caller may grow it)."""
         if len(text) < MIN_CACHED_CHARS:
-            return list(map(self.ids.__getitem__, _PIECE.findall(text)))
+            return array("i", map(self.ids.__getitem__, _PIECE.findall(text)))
         seen = self.recent.get(text)
         if seen is not None:
             self.recent.move_to_end(text)
-            return seen.ids.tolist()
+            return seen.ids[:]
         best, shared = self._nearest(text)
         head_ids, head_ends, start = array("i"), array("i"), 0
         if best is not None:
@@ -140,7 +141,7 @@ class _Encoder:
         ends = head_ends + array("i", accumulate(map(len, tail), initial=start))[1:]
         assert (ends[-1] if ends else 0) == len(text), "the pieces cover the text"
         self._remember(_Encoded(text, ids, ends))
-        return ids.tolist()
+        return ids[:]
 
 
 _ENCODER = _Encoder()
@@ -148,6 +149,12 @@ _ENCODER = _Encoder()
 
 def encode(text: str) -> list[int]:
     """Stable token ids for ``text`` (a prompt: its pieces are remembered for reuse)."""
+    return _ENCODER.encode(text).tolist()
+
+
+def encode_array(text: str) -> array[int]:
+    """:func:`encode` as a fresh ``array('i')``: what the sim engine keeps per request (a
+    long prompt's ids copied as one block, and hashed from its bytes, not from a list)."""
     return _ENCODER.encode(text)
 
 
