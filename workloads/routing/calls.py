@@ -27,10 +27,34 @@ class ParsedCall:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
+_SCALARS = (str, int, float, bool, type(None))
+_PARSED: dict[str, ParsedCall] = {}
+"""Calls already parsed whose arguments are all immutable scalars, by text."""
+_PARSED_MAX = 1 << 14
+
+
 def parse_call(text: str) -> ParsedCall:
-    """Parse one call in BFCL's python syntax; :class:`CallSyntaxError` says what is wrong."""
+    """Parse one call in BFCL's python syntax; :class:`CallSyntaxError` says what is wrong.
+
+    NOTE: a replay parses the same calls again and again (every router output, every
+    lookup of a handler's input, every record repeated in a long stream), so a call whose
+    arguments are all scalars is kept by its text and handed out with its own ``kwargs``
+    dict; one with a list or dict argument (which a tool may change) is parsed each time.
+    """
     if not isinstance(text, str):
         raise CallSyntaxError(f"a call must be text, got {type(text).__name__}")
+    kept = _PARSED.get(text)
+    if kept is not None:
+        return ParsedCall(kept.name, kept.args, dict(kept.kwargs))
+    parsed = _parse(text)
+    if all(type(v) in _SCALARS for v in (*parsed.args, *parsed.kwargs.values())):
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()  # NOTE: bounded; a long stream of new calls must not grow it
+        _PARSED[text] = ParsedCall(parsed.name, parsed.args, dict(parsed.kwargs))
+    return parsed
+
+
+def _parse(text: str) -> ParsedCall:
     try:
         node = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as e:
