@@ -13,6 +13,9 @@ the load probe within one window, so it is not checkpointed.) One module per con
   journaled call by call and restored from its checkpoint when Ray restarts it;
 * :mod:`~dynbranch.cluster.gate.client` — :class:`RayGateClient`, which retries within a
   :class:`RetryPolicy` and then degrades to "no fills" while the actor restarts;
+* :mod:`~dynbranch.cluster.gate.lane` — :class:`GateLane`, the opt-in compiled-graph channel
+  (``--gate-lane``) that carries the client's calls in tens of microseconds, not an actor
+  call's milliseconds, for a polling core on the actor's node;
 * :mod:`~dynbranch.cluster.gate.deployment` — :class:`GateDeployment`, the run's named actor
   (where it runs, where it checkpoints, how it stops), as the backend holds it.
 """
@@ -26,6 +29,7 @@ from dynbranch.cluster.gate.client import (
 )
 from dynbranch.cluster.gate.deployment import GateDeployment
 from dynbranch.cluster.gate.journal import FORMAT, GateCheckpoint
+from dynbranch.cluster.gate.lane import GateLane, LaneBroken
 
 __all__ = [
     "CALLS_KEPT",
@@ -36,6 +40,8 @@ __all__ = [
     "GateActor",
     "GateCheckpoint",
     "GateDeployment",
+    "GateLane",
+    "LaneBroken",
     "RayGateClient",
     "RetryPolicy",
 ]

@@ -27,7 +27,9 @@ twice nor learns twice (the log is part of the checkpoint).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +47,7 @@ from dynbranch.cluster.gate.codec import (
     encode_settlement,
 )
 from dynbranch.cluster.gate.journal import FORMAT, GateCheckpoint
+from dynbranch.cluster.gate.lane import LANE_METHODS
 from dynbranch.errors import ConfigError, DynBranchError
 from dynbranch.gate import (
     Admission,
@@ -92,6 +95,10 @@ class GateActor:
         self.gate = Gate(model, config)
         self._seq = self._snapshot_seq = 0
         self._counts = {"snapshots": 0, "duplicates": 0, "replayed": 0}
+        # NOTE: ordinary calls run on Ray's task thread, lane calls on the compiled graph's
+        # own thread (:mod:`~dynbranch.cluster.gate.lane`); both take this lock, so each
+        # call still runs to completion, one at a time.
+        self._lock = threading.RLock()
         self.restored = self._restore(model, config)
 
     # -- the GateClient's calls ------------------------------------------------------------
@@ -147,11 +154,41 @@ class GateActor:
         any of them that has not run yet admit nothing. Returns how many receipts that freed."""
         return self._run("abandon", None, [list(call_ids)])
 
+    def lane(self, request: tuple[str, Sequence[Any]]) -> tuple[bool, Any]:
+        """One call of the compiled-graph lane (:mod:`~dynbranch.cluster.gate.lane`):
+        ``request`` is ``(method, args)`` for one of the calls above; the reply is
+        ``(True, what the call returns)``, or ``(False, the error it raised)`` so that a bad
+        input reaches its caller without breaking the channel.
+
+        NOTE: a plain method. Under :func:`~dynbranch.cluster.threaded.threaded` (as Ray
+        runs it) the call it names is plain too; on the plain class it is a coroutine that
+        never suspends, driven to completion here.
+        """
+        method, args = request
+        try:
+            if method not in LANE_METHODS and method != "ping":  # NOTE: ping opens a lane
+                raise ValueError(f"{method!r} does not go through the gate lane")
+            reply = getattr(self, method)(*args)
+            if inspect.iscoroutine(reply):
+                try:
+                    reply.send(None)
+                except StopIteration as done:
+                    return True, done.value
+                reply.close()
+                raise RuntimeError(f"GateActor.{method} suspended")
+            return True, reply
+        except Exception as e:  # NOTE: returned, not raised: the channel stays open
+            return False, e
+
     # -- inspection and checkpoints --------------------------------------------------------
 
     async def stats(self) -> dict[str, Any]:
         """``reserved_blocks`` and the gate's counters (as the local client reports them),
         plus this incarnation's checkpoint counters under ``checkpoint``."""
+        with self._lock:
+            return self._stats()
+
+    def _stats(self) -> dict[str, Any]:
         return {
             "reserved_blocks": self.gate.reserved_blocks,
             **self.gate.counters,
@@ -166,11 +203,13 @@ class GateActor:
 
     async def state(self) -> dict[str, Any]:
         """:meth:`Gate.state` of the gate as it is now."""
-        return self.gate.state()
+        with self._lock:
+            return self.gate.state()
 
     async def checkpoint(self) -> dict[str, int]:
         """Write a snapshot now; returns the journal position it covers and its size."""
-        return {"seq": self._seq, "bytes": self._save()}
+        with self._lock:
+            return {"seq": self._seq, "bytes": self._save()}
 
     async def ping(self) -> int:
         """The journal position (cheap: answers once the actor is up)."""
@@ -179,6 +218,10 @@ class GateActor:
     # -- the journal -----------------------------------------------------------------------
 
     def _run(self, op: str, call_id: str | None, args: list) -> Any:
+        with self._lock:
+            return self._run_locked(op, call_id, args)
+
+    def _run_locked(self, op: str, call_id: str | None, args: list) -> Any:
         if call_id is not None and call_id in self._calls:
             self._counts["duplicates"] += 1
             return self._calls[call_id][1]

@@ -7,6 +7,10 @@ a degraded ``admit`` are queued and sent once the gate answers again. A gate out
 therefore costs fills, never a request, and never admits an unpriced fill. Each deciding
 or learning call carries a fresh call id, which the actor uses to answer a retry from its
 log (:mod:`~dynbranch.cluster.gate.actor`).
+
+With ``lane=True`` the calls that decide or change the gate go through a compiled-graph
+channel (:mod:`~dynbranch.cluster.gate.lane`) while it works, and the plain way (with the
+retries above) from the first call it fails on.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dynbranch.cluster.gate.codec import encode_candidate
+from dynbranch.cluster.gate.lane import GateLane, LaneBroken, fits_lane
 from dynbranch.gate import (
     Admission,
     Candidate,
@@ -80,13 +85,17 @@ class RayGateClient(GateClient):
 
     batches_decisions = True
 
-    def __init__(self, actor: ActorHandle, policy: str, retry: RetryPolicy | None = None) -> None:
+    def __init__(self, actor: ActorHandle, policy: str, retry: RetryPolicy | None = None,
+                 *, lane: bool = False) -> None:
         self._actor, self.policy = actor, policy
         self.retry = retry or RetryPolicy()
         self._ids = (f"{uuid.uuid4().hex[:12]}:{i}" for i in itertools.count())
         self._ready = actor.ping.remote()
         self._down_until = 0.0
         self._pending: list[tuple[str, tuple]] = []
+        self.wants_lane = lane
+        self._lane: GateLane | None = None  # opened once the actor first answers
+        self.lane_error: str | None = None  # why the lane broke or did not open
         self.counts = dict.fromkeys(
             (
                 "calls",
@@ -95,6 +104,9 @@ class RayGateClient(GateClient):
                 "degraded_admit",
                 "degraded_decide",
                 "learn_dropped",
+                "lane_calls",
+                "lane_broken",
+                "lane_unopened",
             ),
             0,
         )
@@ -172,11 +184,21 @@ class RayGateClient(GateClient):
             f"pending_{m}": sum(1 for n, _ in self._pending if n == m)
             for m in ("release", "learn", "abandon")
         }
-        return {**got, "client": {**self.counts, **queued}}
+        lane = {"lane_error": self.lane_error} if self.wants_lane else {}
+        return {**got, "client": {**self.counts, **queued, **lane}}
 
     async def close(self) -> None:
-        """Send what is still queued, if the gate answers."""
-        await self._flush(force=True)
+        """Send what is still queued, if the gate answers; then close the lane."""
+        try:
+            await self._flush(force=True)
+        finally:
+            self.close_lane()
+
+    def close_lane(self) -> None:
+        """Tear down the compiled-graph lane, if open (later calls go the plain way)."""
+        lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.close()
 
     # -- internals -------------------------------------------------------------------------
 
@@ -226,6 +248,18 @@ class RayGateClient(GateClient):
 
         await self._started()
         self.counts["calls"] += 1
+        lane = self._lane
+        if lane is not None and fits_lane(method, args):
+            try:
+                reply = lane.call(method, args)
+                self.counts["lane_calls"] += 1
+                return reply
+            except LaneBroken as e:
+                # NOTE: the call may have run with its reply lost; sent again below, the
+                # gate answers it from its call log (or releases nothing twice).
+                self.counts["lane_broken"] += 1
+                self.lane_error = str(e)
+                self.close_lane()
         retry = self.retry
         deadline, pause = time.monotonic() + retry.deadline_s, retry.backoff_s
         while True:
@@ -254,7 +288,16 @@ class RayGateClient(GateClient):
             return
         with contextlib.suppress(RayActorError, TimeoutError):
             await asyncio.wait_for(self._ready, self.retry.startup_timeout_s)
+        if self._ready is None:
+            return  # NOTE: another caller finished the start-up while this one waited
         self._ready = None
+        if self.wants_lane:
+            try:
+                self._lane = GateLane(self._actor, self.retry.call_timeout_s,
+                                      self.retry.startup_timeout_s)
+            except Exception as e:  # NOTE: no lane (no compiled graphs, actor down): plain
+                self.counts["lane_unopened"] += 1
+                self.lane_error = f"{type(e).__name__}: {str(e).strip()[:300]}"
 
 
 def _merged(todo: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:

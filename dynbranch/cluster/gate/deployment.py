@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,7 @@ class GateDeployment:
     model: ContentionModel
     config: GateConfig
     owns_directory: bool
+    clients: list[RayGateClient] = field(default_factory=list)
 
     @classmethod
     def start(
@@ -88,21 +89,35 @@ class GateDeployment:
         return cls(actor, name, path, model, config, owns)
 
     def client(
-        self, model: ContentionModel, config: GateConfig, retry: RetryPolicy | None = None
+        self, model: ContentionModel, config: GateConfig, retry: RetryPolicy | None = None,
+        *, lane: bool = False,
     ) -> RayGateClient:
-        """A new client of this run's gate, which must be the gate ``model``/``config`` ask for."""
+        """A new client of this run's gate, which must be the gate ``model``/``config`` ask for.
+
+        ``lane``: the client's decisions go through a compiled-graph channel
+        (:mod:`~dynbranch.cluster.gate.lane`; it keeps a core of the actor's node busy).
+        NOTE: the actor runs one compiled graph at a time, so one laned client per gate.
+        """
         if model != self.model or config != self.config:
             raise ConfigError(
                 f"run's central gate {self.name} was started with "
                 f"{self.config}; cannot serve {config} (one gate per run)"
             )
-        return RayGateClient(self.actor, make_policy(config.policy, config.p_star).name, retry)
+        if lane and any(c.wants_lane for c in self.clients):
+            raise ConfigError(f"run's central gate {self.name} already has a laned client "
+                              f"(an actor runs one compiled graph at a time)")
+        client = RayGateClient(self.actor, make_policy(config.policy, config.p_star).name,
+                               retry, lane=lane)
+        self.clients.append(client)
+        return client
 
     def stop(self) -> None:
         """Kill the actor for good and remove the checkpoint directory if it made it."""
         import ray
 
         try:
+            for client in self.clients:  # NOTE: the lanes first, while the actor answers
+                client.close_lane()
             ray.kill(self.actor, no_restart=True)
         finally:  # NOTE: even when Ray is already gone, the checkpoint must not outlive the run
             if self.owns_directory:
