@@ -93,6 +93,10 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tenants", type=int, default=1,
                    help="spread the requests over this many tenants (set by the serving side, "
                         "by arrival order): reuse never crosses tenants")
+    p.add_argument("--gate-lane", action="store_true",
+                   help="ray: send C3's gate decisions over a Ray Compiled Graph channel (tens "
+                        "of microseconds, not an actor call's milliseconds; the gate actor "
+                        "keeps one CPU core busy while it is open)")
     p.add_argument("--network", default="none", choices=["none", "vastai-wan", "vastai-cluster"],
                    help="model the driver-to-worker network (engines on other nodes)")
     p.add_argument("--out", default="runs/replay",
@@ -216,7 +220,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         drafter_think_tokens=args.drafter_think_tokens, depth=args.depth, gate=args.gate,
         p_star=args.p_star, store_mb=args.store_mb, eviction=args.eviction,
         max_inflight=args.max_inflight, deadline_s=args.deadline_s, tenants=args.tenants,
-        network=args.network, out=args.out, progress=not args.quiet,
+        gate_lane=args.gate_lane, network=args.network, out=args.out,
+        progress=not args.quiet,
         workload_options={} if args.plan is None else {"plan": args.plan})
     progress = print if not args.quiet else (lambda _msg: None)
     result = run_replay(prepare(cfg, progress), keep_log=False)

@@ -97,6 +97,7 @@ class ReplayConfig:
     out: Path | str = Path("runs/replay")  # a directory or a pyarrow filesystem URI
     data_dir: str | None = None
     address: str | None = None
+    gate_lane: bool = False  # ray: the gate's decisions over a compiled graph (a busy core)
     network: str = "none"  # a modelled driver-to-worker network (dynbranch/engines/network.py)
     progress: bool = True
     workload_options: dict[str, Any] = field(default_factory=dict)
@@ -156,6 +157,9 @@ def prepare(cfg: ReplayConfig, progress: Callable[[str], None] = print) -> Prepa
     check_profile(cfg)
     check_model(cfg)
     check_drafter(cfg)
+    if cfg.gate_lane and cfg.backend != "ray":
+        raise ConfigError("--gate-lane is a channel to the Ray gate actor; the local backend "
+                          "asks its gate in process already")
     if cfg.backend == "ray" and cfg.clock == "virtual":
         raise ConfigError("the virtual clock runs in one process only; use --backend local "
                           "with --clock virtual, or --clock real with --backend ray")
@@ -243,7 +247,7 @@ def make_backend(cfg: ReplayConfig, clock: Clock) -> Backend:
         return LocalBackend(clock, roles)
     from dynbranch.cluster import RayBackend  # the only place Ray enters
 
-    return RayBackend(clock, roles, address=cfg.address)
+    return RayBackend(clock, roles, address=cfg.address, gate_lane=cfg.gate_lane)
 
 
 @dataclass

@@ -134,10 +134,11 @@ class RayBackend(Backend):
     name = "ray"
 
     def __init__(self, clock: Clock, roles: Mapping[str, EngineSpec], *,
-                 address: str | None = None) -> None:
+                 address: str | None = None, gate_lane: bool = False) -> None:
         if clock.kind != "real":
             raise ConfigError("the Ray backend runs on the real clock only")
         self.clock, self._roles, self._address = clock, dict(roles), address
+        self.gate_lane = gate_lane  # the gate's decisions over a compiled graph (gate/lane.py)
         self._actors: list = []
         self._store_actors: list = []
         self.shard_sets: list = []  # one per store made (its counters go into the summary)
@@ -224,7 +225,9 @@ class RayBackend(Backend):
         ``model`` and ``config``); it lives until :meth:`shutdown`.
 
         ``checkpoint_dir`` is where it checkpoints (default: a temporary directory on this
-        node, removed at shutdown); see :mod:`dynbranch.cluster.gate`.
+        node, removed at shutdown); see :mod:`dynbranch.cluster.gate`. With ``gate_lane``
+        the first client's calls go through a compiled-graph lane
+        (:mod:`dynbranch.cluster.gate.lane`), later ones' the plain way.
         """
         import ray
 
@@ -236,7 +239,8 @@ class RayBackend(Backend):
         # NOTE: set here, not in __init__, so that make_gate stays self-contained.
         if getattr(self, "_gate", None) is None:
             self._gate = GateDeployment.start(model, config, checkpoint_dir)
-        return self._gate.client(model, config)
+        lane = self.gate_lane and not any(c.wants_lane for c in self._gate.clients)
+        return self._gate.client(model, config, lane=lane)
 
     async def shutdown(self) -> None:
         import ray
