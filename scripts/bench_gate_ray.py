@@ -8,7 +8,9 @@ awaited call at a time, then with ``--callers`` concurrent callers; the actor's 
 ``ping`` gives Ray's own round trip on this machine for scale. A branch entry is timed both
 ways: ``generation`` then ``admit`` (two calls) and ``decide`` (Actions 0 and 1 in one call,
 what the priced policy asks the Ray gate); a last table sets each op beside the in-process
-figure of the same run, with the ratio. Prints p50/p99 latency in
+figure of the same run, with the ratio. Then the same ops through a second client that
+sends them over the gate's compiled-graph lane (``dynbranch/cluster/gate/lane.py``; the
+actor keeps a core busy while it is open), with its own ratio table. Prints p50/p99 latency in
 microseconds and decisions per second (sequential: one over the mean latency; concurrent:
 calls over the phase's wall time, which includes one batched ``release`` per 32 admits).
 Then the actor's checkpoint: one snapshot's size and time, and how long a killed actor
@@ -190,14 +192,15 @@ async def bench_checkpoint(deployment) -> list[str]:
             f"(replayed {stats['checkpoint']['replayed']} journal entries)"]
 
 
-def ratio_table(measured: dict[tuple[str, str], list[float]]) -> list[str]:
-    """Each op through the actor beside the in-process gate of the same run, and the ratio."""
-    lines = [f"this run, ray against in process (ms):\n  {'op':<52}{'local p50':>10}"
-             f"{'p99':>8}{'ray p50':>9}{'p99':>8}{'ratio p50':>11}{'p99':>7}"]
-    for (where, op), us in measured.items():
-        if where != "local" or ("ray", op) not in measured:
+def ratio_table(measured: dict[tuple[str, str], list[float]], where: str) -> list[str]:
+    """Each op through the actor (``where``: ``ray``, an actor call, or ``lane``, the
+    compiled-graph lane) beside the in-process gate of the same run, and the ratio."""
+    lines = [f"this run, {where} against in process (ms):\n  {'op':<52}{'local p50':>10}"
+             f"{'p99':>8}{where + ' p50':>9}{'p99':>8}{'ratio p50':>11}{'p99':>7}"]
+    for (at, op), us in measured.items():
+        if at != "local" or (where, op) not in measured:
             continue
-        (l50, l99), (r50, r99) = cuts(us), cuts(measured[("ray", op)])
+        (l50, l99), (r50, r99) = cuts(us), cuts(measured[(where, op)])
         lines.append(f"  {op:<52}{l50 / 1e3:>10.3f}{l99 / 1e3:>8.3f}{r50 / 1e3:>9.3f}"
                      f"{r99 / 1e3:>8.3f}{r50 / l50:>11.1f}{r99 / l99:>7.1f}")
     return lines
@@ -221,8 +224,17 @@ async def run(calls: int, callers: int) -> list[str]:
             lines.append(row("ray   ping (a no-op round trip), sequential", us,
                              1e6 / statistics.fmean(us)))
             lines += await bench_client("ray  ", client, calls, callers, measured)
+            # NOTE: the lane opens at its client's first call, after the plain client's
+            # phases (its polling thread must not slow them), and closes before the kill.
+            laned = deployment.client(model, config, lane=True)
+            lines += await bench_client("lane ", laned, calls, callers, measured)
+            counts = (await laned.stats())["client"]
+            lines.append(f"  (lane: {counts['lane_calls']:,} calls through the compiled "
+                         f"graph, {counts['lane_broken']} broken, "
+                         f"{counts['lane_unopened']} unopened)")
+            laned.close_lane()
             lines += ["checkpoint:", *await bench_checkpoint(deployment)]
-            lines += ratio_table(measured)
+            lines += ratio_table(measured, "ray") + ratio_table(measured, "lane")
         finally:
             deployment.stop()
     return lines
