@@ -94,9 +94,9 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
                    help="spread the requests over this many tenants (set by the serving side, "
                         "by arrival order): reuse never crosses tenants")
     p.add_argument("--gate-lane", action="store_true",
-                   help="ray: send C3's gate decisions over a Ray Compiled Graph channel (tens "
-                        "of microseconds, not an actor call's milliseconds; the gate actor "
-                        "keeps one CPU core busy while it is open)")
+                   help="ray: send C3's gate calls over a Ray Compiled Graph channel (a decision's "
+                        "p99 under 1 ms, not an actor call's several; the gate actor keeps "
+                        "one CPU core busy while it is open)")
     p.add_argument("--network", default="none", choices=["none", "vastai-wan", "vastai-cluster"],
                    help="model the driver-to-worker network (engines on other nodes)")
     p.add_argument("--out", default="runs/replay",

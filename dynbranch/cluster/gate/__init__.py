@@ -14,8 +14,8 @@ the load probe within one window, so it is not checkpointed.) One module per con
 * :mod:`~dynbranch.cluster.gate.client` — :class:`RayGateClient`, which retries within a
   :class:`RetryPolicy` and then degrades to "no fills" while the actor restarts;
 * :mod:`~dynbranch.cluster.gate.lane` — :class:`GateLane`, the opt-in compiled-graph channel
-  (``--gate-lane``) that carries the client's calls in tens of microseconds, not an actor
-  call's milliseconds, for a polling core on the actor's node;
+  (``--gate-lane``) that carries the client's calls in about a tenth of a millisecond, not
+  an actor call's milliseconds, for a polling core on the actor's node;
 * :mod:`~dynbranch.cluster.gate.deployment` — :class:`GateDeployment`, the run's named actor
   (where it runs, where it checkpoints, how it stops), as the backend holds it.
 """
