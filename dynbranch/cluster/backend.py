@@ -239,8 +239,7 @@ class RayBackend(Backend):
         # NOTE: set here, not in __init__, so that make_gate stays self-contained.
         if getattr(self, "_gate", None) is None:
             self._gate = GateDeployment.start(model, config, checkpoint_dir)
-        lane = self.gate_lane and not any(c.wants_lane for c in self._gate.clients)
-        return self._gate.client(model, config, lane=lane)
+        return self._gate.client(model, config, lane=self.gate_lane and not self._gate.laned)
 
     async def shutdown(self) -> None:
         import ray

@@ -88,6 +88,11 @@ class GateDeployment:
         )
         return cls(actor, name, path, model, config, owns)
 
+    @property
+    def laned(self) -> bool:
+        """Whether a client of this gate was made with a lane."""
+        return any(c.wants_lane for c in self.clients)
+
     def client(
         self, model: ContentionModel, config: GateConfig, retry: RetryPolicy | None = None,
         *, lane: bool = False,
@@ -103,7 +108,7 @@ class GateDeployment:
                 f"run's central gate {self.name} was started with "
                 f"{self.config}; cannot serve {config} (one gate per run)"
             )
-        if lane and any(c.wants_lane for c in self.clients):
+        if lane and self.laned:
             raise ConfigError(f"run's central gate {self.name} already has a laned client "
                               f"(an actor runs one compiled graph at a time)")
         client = RayGateClient(self.actor, make_policy(config.policy, config.p_star).name,
