@@ -3,6 +3,7 @@ own probabilities (``dynbranch.gate.gate.selection_arm``)."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -18,11 +19,13 @@ from dynbranch.gate import Candidate, ContentionModel, FillShape, Gate, GateConf
 from dynbranch.gate.gate import selection_arm
 from dynbranch.gate.returns import Observation
 from dynbranch.predictors import BranchContext, make_predictor
+from dynbranch.predictors.base import softmax
 from dynbranch.predictors.frequency import FEATURES_KEY
 from dynbranch.workflow import BranchCoordinate
 
 END = "<end>"
 COORD = BranchCoordinate("routing", "router", 0)
+COORD_STAGE = ("routing", "router")
 
 
 def _branch(rng: random.Random, i: int) -> tuple[BranchContext, tuple[str, ...]]:
@@ -83,11 +86,68 @@ def test_ranking_learns_nothing_and_an_unoffered_choice_teaches_nothing():
     for i in range(50):
         predictor.observe(*_branch(rng, i))
     ctx, _ = _branch(rng, 99)
-    before = dict(predictor._weights)
+    before = predictor.learnt()
     first = predictor.rank(ctx, 9)
-    assert predictor.rank(ctx, 9) == first and predictor._weights == before
+    assert predictor.rank(ctx, 9) == first and predictor.learnt() == before
     predictor.observe(ctx, ("not-offered",))
-    assert predictor._weights == before
+    assert predictor.learnt() == before
+
+
+class _PerTokenLogit:
+    """The conditional logit written as a loop over tokens, dicts of floats: the reference
+    the array implementation must match to the bit."""
+
+    def __init__(self, lr: float = 0.2, l2: float = 1e-2) -> None:
+        self.lr, self.l2 = lr, l2
+        self.weights: dict[str, float] = {}
+        self.squares: dict[str, float] = {}
+
+    def scores(self, tokens: list[tuple[str, ...]]) -> list[float]:
+        return [sum(self.weights.get(t, 0.0) for t in toks) for toks in tokens]
+
+    def observe(self, candidates: list[str], tokens: list[tuple[str, ...]],
+                chosen: tuple[str, ...]) -> None:
+        taken = [c for c in dict.fromkeys(chosen) if c in candidates]
+        if not taken:
+            return
+        gradient: dict[str, float] = {}
+        for c, toks, p in zip(candidates, tokens, softmax(self.scores(tokens)), strict=True):
+            for t in toks:
+                gradient[t] = gradient.get(t, 0.0) + ((1.0 / len(taken) if c in taken else 0.0) - p)
+        for t, g in gradient.items():
+            w = self.weights.get(t, 0.0)
+            g -= self.l2 * w
+            sq = self.squares[t] = self.squares.get(t, 1e-8) + g * g
+            self.weights[t] = w + self.lr * g / math.sqrt(sq)
+
+
+def test_the_array_steps_equal_a_per_token_loop_to_the_bit():
+    # random branches whose candidates share some tokens and not others, ranked before
+    # they are learnt and interleaved (other branches learnt between), multi-valued too
+    rng, predictor, reference = random.Random(7), make_predictor("logit"), _PerTokenLogit()
+    words = [f"w{i}" for i in range(40)]
+    opened = []
+    for i in range(600):
+        candidates = tuple(dict.fromkeys(f"c{rng.randrange(30)}" for _ in range(rng.randint(1, 12))))
+        said = rng.sample(words, rng.randint(0, 8))
+        features = {c: [f"shared={rng.randrange(3)}", *(f"{w}>{c}" for w in said)]
+                    for c in candidates}
+        ctx = BranchContext(f"r{i}", COORD, candidates, {FEATURES_KEY: features})
+        chosen = tuple(rng.sample(candidates, min(len(candidates), rng.choice((1, 1, 1, 2)))))
+        if rng.random() < 0.1:
+            chosen = ("not-offered",)
+        if rng.random() < 0.7:
+            predictor.rank(ctx, 3)
+        opened.append((ctx, chosen))
+        if len(opened) > 5 or rng.random() < 0.3:
+            ctx, chosen = opened.pop(rng.randrange(len(opened)))
+            cands = list(dict.fromkeys(ctx.candidates))
+            tokens = [predictor.tokens(ctx, c) for c in cands]
+            assert predictor.probabilities(ctx) == dict(
+                zip(cands, softmax(reference.scores(tokens)), strict=True))
+            predictor.observe(ctx, chosen)
+            reference.observe(cands, tokens, chosen)
+    assert predictor.learnt() == {COORD_STAGE: reference.weights}
 
 
 def test_predictors_without_probabilities_report_none():

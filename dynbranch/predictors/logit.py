@@ -17,15 +17,22 @@ keeps weights of tokens that stop appearing from growing. A multi-valued branch 
 calls) spreads its target evenly over the chosen candidates.
 
 Like every predictor it learns only from :meth:`observe` (the train split before a run, then
-the run's own resolved branches), never from the branch being ranked. Pure Python.
+the run's own resolved branches), never from the branch being ranked.
+
+Each stage's weights live in arrays indexed by a token's number (:class:`_Table`), so a
+learning step is a few array operations over the branch's tokens rather than a Python loop
+over them (a Routing router branch carries 400-1,000 tokens: its turn's words crossed with
+18 candidates). The arithmetic is the per-token loop's, operation for operation, so the
+weights are the same to the bit (``tests/test_logit_predictor.py`` compares the two).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable
 from itertools import repeat
 from typing import Any
+
+import numpy as np
 
 from dynbranch.predictors.base import BranchContext, softmax
 from dynbranch.predictors.frequency import FEATURES_KEY, FrequencyPredictor
@@ -43,6 +50,82 @@ is called, and the decile calibration (share chosen in the top decile): lr 0.5, 
 verb features since, 0.819 / 0.945, and 0.811 over every branch)."""
 
 
+KEPT_BRANCHES = 4096
+"""Ranked branches whose token numbers are kept for learning (more than a replay holds open
+at once; the oldest leave first)."""
+
+_UNSEEN = 0
+"""The number every stage's table gives tokens it has never learnt: its weight stays 0.0."""
+
+
+class _Table:
+    """One stage's learnt tokens: token -> number, and per number the weight and AdaGrad's
+    sum of squared gradients (number 0 is every token not learnt yet)."""
+
+    __slots__ = ("numbers", "squares", "weights")
+
+    def __init__(self) -> None:
+        self.numbers: dict[str, int] = {}
+        self.weights = np.zeros(64)
+        self.squares = np.full(64, 1e-8)
+
+    def lookup(self, tokens: list[str]) -> np.ndarray:
+        """The tokens' numbers, :data:`_UNSEEN` for those never learnt (learns nothing)."""
+        return np.fromiter(map(self.numbers.get, tokens, repeat(_UNSEEN, len(tokens))),
+                           np.intp, len(tokens))
+
+    def number(self, tokens: list[str], numbers: np.ndarray) -> np.ndarray:
+        """``numbers`` with every :data:`_UNSEEN` one replaced by a new number of its own."""
+        unseen = np.flatnonzero(numbers == _UNSEEN)
+        if not len(unseen):
+            return numbers
+        known = self.numbers
+        for at in unseen.tolist():
+            token = tokens[at]
+            n = known.get(token)
+            if n is None:
+                n = known[token] = len(known) + 1
+            numbers[at] = n
+        size = len(known) + 1
+        if size > len(self.weights):
+            grown = max(size, 2 * len(self.weights))
+            self.weights = np.concatenate([self.weights, np.zeros(grown - len(self.weights))])
+            self.squares = np.concatenate(
+                [self.squares, np.full(grown - len(self.squares), 1e-8)])
+        return numbers
+
+    def learnt(self) -> dict[str, float]:
+        """Token -> weight for every token learnt."""
+        return dict(zip(self.numbers, self.weights[1:len(self.numbers) + 1].tolist(),
+                        strict=True))
+
+
+class _Branch:
+    """A branch's candidates and their tokens, flattened in candidate order, with the
+    tokens' numbers at one stage (refreshed where a token was learnt since)."""
+
+    __slots__ = ("bounds", "candidates", "evidence", "numbers", "tokens")
+
+    def __init__(self, evidence: Any, candidates: list[str],
+                 per_candidate: list[tuple[str, ...]], table: _Table) -> None:
+        self.evidence, self.candidates = evidence, candidates
+        self.tokens = [t for toks in per_candidate for t in toks]
+        ends = np.cumsum([len(toks) for toks in per_candidate]).tolist()
+        self.bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+        self.numbers = table.lookup(self.tokens)
+
+    def scores(self, table: _Table) -> list[float]:
+        """Each candidate's summed token weights, summed in token order (Python's float
+        sum, one candidate at a time, as a per-token loop would)."""
+        unseen = np.flatnonzero(self.numbers == _UNSEEN)
+        if len(unseen):  # NOTE: tokens another branch taught since this one was ranked
+            known, tokens = table.numbers, self.tokens
+            for at in unseen.tolist():
+                self.numbers[at] = known.get(tokens[at], _UNSEEN)
+        values = table.weights[self.numbers].tolist()
+        return [sum(values[a:b]) for a, b in self.bounds]
+
+
 class LogitPredictor(FrequencyPredictor):
     """Ranks a branch's candidates by learned token weights at the same stage."""
 
@@ -54,12 +137,45 @@ class LogitPredictor(FrequencyPredictor):
         if not learning_rate > 0 or not l2 >= 0:
             raise ValueError(f"learning_rate {learning_rate} must be > 0 and l2 {l2} >= 0")
         self.learning_rate, self.l2 = learning_rate, l2
-        self._weights: dict[Hashable, dict[str, float]] = {}  # stage -> token -> weight
-        self._squares: dict[Hashable, dict[str, float]] = {}  # AdaGrad's sums of squares
+        self._tables: dict[Hashable, _Table] = {}  # stage -> its learnt tokens
         self._version = 0  # bumped by every learning step
         # NOTE: the last branch scored, so C2's rank and confidences calls on one branch
         # score it once; held by its evidence object (compared by identity) and version.
         self._last: tuple[Any, Hashable, int, list[str], list[float]] | None = None
+        # NOTE: the branches ranked and not yet learnt: learning reads their tokens again.
+        self._kept: dict[Hashable, _Branch] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # NOTE: what was ranked and not learnt refers to live evidence: not part of what
+        # the model has learnt (the train split's model is pickled and reused).
+        return {**vars(self), "_last": None, "_kept": {}}
+
+    def learnt(self) -> dict[Hashable, dict[str, float]]:
+        """Stage -> token -> weight, for every token learnt."""
+        return {stage: table.learnt() for stage, table in self._tables.items()}
+
+    def _table(self, stage: Hashable) -> _Table:
+        table = self._tables.get(stage)
+        if table is None:
+            table = self._tables[stage] = _Table()
+        return table
+
+    def _branch(self, ctx: BranchContext, stage: Hashable, table: _Table,
+                keep: bool) -> _Branch:
+        """The branch's tokens and numbers: kept from when it was ranked (same evidence
+        object: a branch is ranked when it opens and learnt when it resolves, and its tokens
+        cannot change in between), else read now."""
+        key = (ctx.request_id, stage, ctx.coordinate, tuple(ctx.candidates))
+        kept = self._kept.pop(key, None)
+        if kept is None or kept.evidence is not ctx.evidence:
+            candidates = list(dict.fromkeys(ctx.candidates))
+            kept = _Branch(ctx.evidence, candidates,
+                           [self.tokens(ctx, c) for c in candidates], table)
+        if keep:
+            self._kept[key] = kept
+            if len(self._kept) > KEPT_BRANCHES:
+                del self._kept[next(iter(self._kept))]
+        return kept
 
     def _scored(self, ctx: BranchContext) -> tuple[list[str], list[float]]:
         stage = self._stage(ctx)
@@ -67,15 +183,21 @@ class LogitPredictor(FrequencyPredictor):
         if (last is not None and last[0] is ctx.evidence and last[1] == (ctx.request_id, stage,
                 ctx.coordinate, tuple(ctx.candidates)) and last[2] == self._version):
             return last[3], last[4]
-        candidates = list(dict.fromkeys(ctx.candidates))
-        scores = _scores(self._weights.get(stage, {}), [self.tokens(ctx, c) for c in candidates])
+        table = self._tables.get(stage) or _Table()
+        branch = self._branch(ctx, stage, table, keep=stage in self._tables)
+        scores = branch.scores(table)
         self._last = (ctx.evidence, (ctx.request_id, stage, ctx.coordinate,
-                                     tuple(ctx.candidates)), self._version, candidates, scores)
-        return candidates, scores
+                                     tuple(ctx.candidates)), self._version, branch.candidates,
+                      scores)
+        return branch.candidates, scores
 
     def score(self, ctx: BranchContext, candidate: str) -> float:
         """The sum of the candidate's token weights at this stage (0.0 before learning)."""
-        return _scores(self._weights.get(self._stage(ctx), {}), [self.tokens(ctx, candidate)])[0]
+        table = self._tables.get(self._stage(ctx))
+        if table is None:
+            return 0.0
+        values = table.weights[table.lookup(list(self.tokens(ctx, candidate)))].tolist()
+        return sum(values)
 
     def rank(self, ctx: BranchContext, k: int) -> list[str]:
         if k <= 0:
@@ -99,32 +221,26 @@ class LogitPredictor(FrequencyPredictor):
         self.observed += 1
         stage = self._stage(ctx)
         candidates = list(dict.fromkeys(ctx.candidates))
-        taken = [c for c in dict.fromkeys(chosen) if c in candidates]
+        taken = set(chosen) & set(candidates)
         if not taken:
             return  # nothing offered was chosen: no likelihood to raise
-        weights = self._weights.setdefault(stage, {})
-        tokens = [self.tokens(ctx, c) for c in candidates]
+        table = self._table(stage)
+        branch = self._branch(ctx, stage, table, keep=False)
         target = 1.0 / len(taken)
-        gradient: dict[str, float] = {}
-        gget = gradient.get
-        for candidate, toks, p in zip(candidates, tokens, softmax(_scores(weights, tokens)),
-                                      strict=True):
-            residual = (target if candidate in taken else 0.0) - p
-            for token in toks:
-                gradient[token] = gget(token, 0.0) + residual
-        squares = self._squares.setdefault(stage, {})
-        rate, l2, sqrt = self.learning_rate, self.l2, math.sqrt
-        wget, sget = weights.get, squares.get
-        for token, g in gradient.items():
-            w = wget(token, 0.0)
-            g -= l2 * w
-            sq = squares[token] = sget(token, 1e-8) + g * g
-            weights[token] = w + rate * g / sqrt(sq)
+        residuals = [(target if c in taken else 0.0) - p
+                     for c, p in zip(branch.candidates, softmax(branch.scores(table)),
+                                     strict=True)]
+        numbers = table.number(branch.tokens, branch.numbers)
+        # NOTE: a token's gradient is the sum of the residuals of the candidates carrying
+        # it, added in candidate order from 0.0 (bincount adds its weights in input order);
+        # then the AdaGrad step with its L2 term, elementwise, in the per-token loop's order
+        # of operations: g - l2*w; s + g*g; w + (rate*g)/sqrt(s).
+        unique, inverse = np.unique(numbers, return_inverse=True)
+        spread = np.repeat(residuals, [b - a for a, b in branch.bounds])
+        g = np.bincount(inverse, weights=spread, minlength=len(unique))
+        w = table.weights[unique]
+        g -= self.l2 * w
+        sq = table.squares[unique] + g * g
+        table.squares[unique] = sq
+        table.weights[unique] = w + self.learning_rate * g / np.sqrt(sq)
         self._version += 1
-
-
-def _scores(weights: dict[str, float], tokens: list[tuple[str, ...]]) -> list[float]:
-    """Each candidate's summed token weights (0.0 for a token never learnt), summed in
-    token order; the lookups are mapped at C speed (every branch scores every candidate)."""
-    get = weights.get
-    return [sum(map(get, toks, repeat(0.0, len(toks)))) for toks in tokens]
