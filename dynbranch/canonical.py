@@ -79,13 +79,22 @@ class Normalised:
     """A value already in canonical form (:func:`normalise`), encoded as is when nested.
 
     Lets a caller that encodes the same value inside several keys (a stage's rendered
-    fields: its input digest and its reuse key) walk it once.
+    fields: its input digest and its reuse key) walk it once, and pack it once: its
+    encoding is kept (:meth:`packed`) and spliced whole into the encoding of a mapping that
+    holds it (:func:`canonical_bytes`).
     """
 
-    __slots__ = ("value",)
+    __slots__ = ("_packed", "value")
 
     def __init__(self, value: Any) -> None:
         self.value = value
+        self._packed: bytes | None = None
+
+    def packed(self) -> bytes:
+        """The msgpack encoding of the value, encoded on first use."""
+        if self._packed is None:
+            self._packed = msgpack.packb(self.value, use_bin_type=True)
+        return self._packed
 
 
 class _Frozen:
@@ -198,8 +207,41 @@ def normalise(value: Any) -> Normalised:
     return Normalised(_normal(value))
 
 
+_HEAD = b"\x92" + msgpack.packb(SCHEMA_VERSION)
+"""The encoding's start: a two-item array, then the schema version."""
+_MAP_HEAD = b"\x81" + msgpack.packb("__map__")
+"""How a normalised mapping starts: a one-key map, its key."""
+
+
+def _array_head(n: int) -> bytes:
+    """msgpack's header of an array of ``n`` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
 def canonical_bytes(value: Any) -> bytes:
-    """The canonical encoding of ``value`` (schema version first)."""
+    """The canonical encoding of ``value`` (schema version first).
+
+    NOTE: a :class:`Normalised` value, alone or as a value of a plain ``dict`` with string
+    keys (a reuse key's fields), is spliced in as its kept encoding rather than packed
+    again: msgpack encodes an array or map as a header and then its items' encodings, so
+    the bytes are those of packing the whole (a test compares the two).
+    """
+    t = type(value)
+    if t is Normalised:
+        return _HEAD + value.packed()
+    if t is dict and any(type(v) is Normalised for v in value.values()) and all(
+            type(k) is str for k in value):
+        items = sorted(value.items(), key=_key_order)
+        parts = [_HEAD, _MAP_HEAD, _array_head(len(items))]
+        for k, v in items:
+            parts.append(b"\x92" + _key_order((k, v)))
+            parts.append(v.packed() if type(v) is Normalised
+                         else msgpack.packb(_normal(v), use_bin_type=True))
+        return b"".join(parts)
     return msgpack.packb([SCHEMA_VERSION, _normal(value)], use_bin_type=True)
 
 

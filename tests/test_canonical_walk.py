@@ -77,6 +77,17 @@ tree = st.recursive(
 def test_the_bytes_are_those_of_the_plain_rules(value):
     assert canonical_bytes(value) == _reference(value)
     assert canonical_bytes({"nested": normalise(value)}) == _reference({"nested": value})
+    assert canonical_bytes(normalise(value)) == _reference(value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=12), st.tuples(tree, st.booleans()), max_size=20))
+def test_kept_encodings_spliced_into_a_mapping_give_its_bytes(items):
+    # a mapping with string keys whose values are partly normalised (their encoding kept
+    # and spliced in whole), up to 20 items (msgpack's 16-bit array header from 16)
+    mixed = {k: normalise(v) if kept else v for k, (v, kept) in items.items()}
+    plain = {k: v for k, (v, _kept) in items.items()}
+    assert canonical_bytes(mixed) == canonical_bytes(mixed) == _reference(plain)
 
 
 def _stage():
