@@ -28,8 +28,8 @@ weights are the same to the bit (``tests/test_logit_predictor.py`` compares the 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from itertools import repeat
+from collections.abc import Hashable, Sequence
+from itertools import accumulate, chain, repeat
 from typing import Any
 
 import numpy as np
@@ -69,12 +69,13 @@ class _Table:
         self.weights = np.zeros(64)
         self.squares = np.full(64, 1e-8)
 
-    def lookup(self, tokens: list[str]) -> np.ndarray:
+    def lookup(self, tokens: Sequence[str]) -> np.ndarray:
         """The tokens' numbers, :data:`_UNSEEN` for those never learnt (learns nothing)."""
-        return np.fromiter(map(self.numbers.get, tokens, repeat(_UNSEEN, len(tokens))),
-                           np.intp, len(tokens))
+        # NOTE: a list first: np.fromiter converts each int on a slow path (4x the time)
+        return np.array(list(map(self.numbers.get, tokens, repeat(_UNSEEN, len(tokens)))),
+                        dtype=np.intp)
 
-    def number(self, tokens: list[str], numbers: np.ndarray) -> np.ndarray:
+    def number(self, tokens: Sequence[str], numbers: np.ndarray) -> np.ndarray:
         """``numbers`` with every :data:`_UNSEEN` one replaced by a new number of its own."""
         unseen = np.flatnonzero(numbers == _UNSEEN)
         if not len(unseen):
@@ -109,9 +110,11 @@ class _Branch:
     def __init__(self, evidence: Any, candidates: list[str],
                  per_candidate: list[tuple[str, ...]], table: _Table) -> None:
         self.evidence, self.candidates = evidence, candidates
-        self.tokens = [t for toks in per_candidate for t in toks]
-        ends = np.cumsum([len(toks) for toks in per_candidate]).tolist()
-        self.bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+        # NOTE: tuples: the collector stops tracking a tuple of strings or ints, so the
+        # branches kept between ranking and learning do not lengthen every collection.
+        self.tokens = tuple(chain.from_iterable(per_candidate))
+        ends = tuple(accumulate(map(len, per_candidate)))
+        self.bounds = tuple(zip((0, *ends[:-1]), ends, strict=True))
         self.numbers = table.lookup(self.tokens)
 
     def scores(self, table: _Table) -> list[float]:
