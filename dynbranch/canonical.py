@@ -84,16 +84,20 @@ class Normalised:
     holds it (:func:`canonical_bytes`).
     """
 
-    __slots__ = ("_packed", "value")
+    __slots__ = ("_packed", "_source", "value")
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: Any, source: Any = None) -> None:
         self.value = value
+        self._source = source  # NOTE: what was normalised, to compose the encoding from
         self._packed: bytes | None = None
 
     def packed(self) -> bytes:
-        """The msgpack encoding of the value, encoded on first use."""
+        """The msgpack encoding of the value, encoded on first use (composed from the kept
+        encodings of the frozen values inside it, see :func:`_pack`)."""
         if self._packed is None:
-            self._packed = msgpack.packb(self.value, use_bin_type=True)
+            self._packed = (msgpack.packb(self.value, use_bin_type=True)
+                            if self._source is None else _pack(self._source))
+            self._source = None
         return self._packed
 
 
@@ -131,17 +135,25 @@ class FrozenMap(_Frozen, dict):
     makes the kept form safe to reuse.
     """
 
-    __slots__ = ("_normal", "_text")
+    __slots__ = ("_normal", "_packed", "_text")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         dict.__init__(self, *args, **kwargs)
         self._normal = None
+        self._packed: bytes | None = None
         self._text: tuple[Any, str] | None = None
 
     def normal(self) -> Any:
         if self._normal is None:
             self._normal = _normal_map(self)
         return self._normal
+
+    def packed(self) -> bytes:
+        """The encoding of :meth:`normal`, kept (composed from the values' own)."""
+        if self._packed is None:
+            self._packed = (_pack_map(self) if any(map(_keeps, self.values()))
+                            else msgpack.packb(self.normal(), use_bin_type=True))
+        return self._packed
 
     __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _Frozen._refuse  # type: ignore[assignment]
     __ior__ = _Frozen._refuse  # type: ignore[assignment]
@@ -154,17 +166,26 @@ class FrozenList(_Frozen, list):
     """A deeply immutable sequence that keeps its canonical form (see :class:`FrozenMap`);
     a ``list`` to every reader, so it compares equal to the list it was frozen from."""
 
-    __slots__ = ("_normal", "_text")
+    __slots__ = ("_normal", "_packed", "_text")
 
     def __init__(self, *args: Any) -> None:
         list.__init__(self, *args)
         self._normal = None
+        self._packed: bytes | None = None
         self._text: tuple[Any, str] | None = None
 
     def normal(self) -> Any:
         if self._normal is None:
             self._normal = [_normal(v) for v in self]
         return self._normal
+
+    def packed(self) -> bytes:
+        """The encoding of :meth:`normal`, kept (composed from the items' own)."""
+        if self._packed is None:
+            self._packed = (_array_head(len(self)) + b"".join(map(_pack, self))
+                            if any(map(_keeps, self))
+                            else msgpack.packb(self.normal(), use_bin_type=True))
+        return self._packed
 
     __setitem__ = __delitem__ = append = extend = insert = pop = remove = _Frozen._refuse  # type: ignore[assignment]
     sort = reverse = clear = __iadd__ = __imul__ = _Frozen._refuse  # type: ignore[assignment]
@@ -204,7 +225,55 @@ def freeze(value: Any) -> Any:
 
 def normalise(value: Any) -> Normalised:
     """``value`` in canonical form; raises ``TypeError`` where :func:`canonical_bytes` would."""
-    return Normalised(_normal(value))
+    return Normalised(_normal(value), value)
+
+
+def _keeps(value: Any) -> bool:
+    """Whether ``value`` keeps its own encoding."""
+    t = type(value)
+    return t is FrozenMap or t is FrozenList or t is Normalised
+
+
+def _holds_kept(value: Any) -> bool:
+    """Whether ``value`` keeps its own encoding or is a plain list or mapping holding one."""
+    t = type(value)
+    if t is FrozenMap or t is FrozenList or t is Normalised:
+        return True
+    if t is list or t is tuple:
+        return any(map(_keeps, value))
+    if t is dict or t is MappingProxyType:
+        return any(map(_keeps, value.values()))
+    return False
+
+
+def _pack(value: Any) -> bytes:
+    """``msgpack.packb(_normal(value))``, composed where it pays: a frozen value's kept
+    encoding is used whole, and a plain list or dict holding frozen values (directly or one
+    level down: a stage's fields map to lists of frozen schemas and messages) is encoded as
+    its header and its items' encodings (how msgpack encodes them), so a record's function
+    schemas, carried by every stage input of its requests, are encoded once. Anything else
+    is packed by msgpack whole, at C speed."""
+    t = type(value)
+    if t is FrozenMap or t is FrozenList or t is Normalised:
+        return value.packed()
+    if t is list or t is tuple:
+        if any(map(_holds_kept, value)):
+            return _array_head(len(value)) + b"".join(map(_pack, value))
+    elif (t is dict or t is MappingProxyType) and any(map(_holds_kept, value.values())):
+        return _pack_map(value)
+    return msgpack.packb(_normal(value), use_bin_type=True)
+
+
+def _pack_map(value: Mapping[Any, Any]) -> bytes:
+    """A mapping's encoding in canonical form (:func:`_normal_map`), composed by
+    :func:`_pack`."""
+    items = [(_normal(k), v) for k, v in value.items()]
+    items.sort(key=_key_order)
+    parts = [_MAP_HEAD, _array_head(len(items))]
+    for k, v in items:
+        parts.append(b"\x92" + _key_order((k, v)))
+        parts.append(_pack(v))
+    return b"".join(parts)
 
 
 _HEAD = b"\x92" + msgpack.packb(SCHEMA_VERSION)
@@ -225,23 +294,13 @@ def _array_head(n: int) -> bytes:
 def canonical_bytes(value: Any) -> bytes:
     """The canonical encoding of ``value`` (schema version first).
 
-    NOTE: a :class:`Normalised` value, alone or as a value of a plain ``dict`` with string
-    keys (a reuse key's fields), is spliced in as its kept encoding rather than packed
-    again: msgpack encodes an array or map as a header and then its items' encodings, so
-    the bytes are those of packing the whole (a test compares the two).
+    NOTE: a frozen or :class:`Normalised` value, alone or inside a plain ``dict`` (a reuse
+    key's fields), is spliced in as its kept encoding rather than packed again (see
+    :func:`_pack`): msgpack encodes an array or map as a header and then its items'
+    encodings, so the bytes are those of packing the whole (tests compare the two).
     """
-    t = type(value)
-    if t is Normalised:
-        return _HEAD + value.packed()
-    if t is dict and any(type(v) is Normalised for v in value.values()) and all(
-            type(k) is str for k in value):
-        items = sorted(value.items(), key=_key_order)
-        parts = [_HEAD, _MAP_HEAD, _array_head(len(items))]
-        for k, v in items:
-            parts.append(b"\x92" + _key_order((k, v)))
-            parts.append(v.packed() if type(v) is Normalised
-                         else msgpack.packb(_normal(v), use_bin_type=True))
-        return b"".join(parts)
+    if _keeps(value) or type(value) is dict:
+        return _HEAD + _pack(value)
     return msgpack.packb([SCHEMA_VERSION, _normal(value)], use_bin_type=True)
 
 

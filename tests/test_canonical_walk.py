@@ -150,6 +150,28 @@ def test_a_frozen_value_encodes_renders_and_compares_as_the_value(value):
     assert copy.deepcopy(frozen) is frozen
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(json_like, st.sampled_from(("frozen", "plain", "normalised"))),
+                max_size=18), st.text(max_size=8))
+def test_kept_encodings_composed_at_any_depth_give_the_plain_bytes(parts, name):
+    # frozen, normalised and plain values side by side in plain lists and dicts, at two
+    # depths, encoded (so their kept encodings are composed) and encoded again
+    from dynbranch.canonical import freeze
+
+    def kept(value, how):
+        return freeze(value) if how == "frozen" else normalise(value) if how == "normalised" \
+            else value
+
+    mixed = [kept(v, how) for v, how in parts]
+    plain = [v for v, _how in parts]
+    value = {name: mixed, "inner": {"list": mixed[:3], "one": mixed[-1] if mixed else None}}
+    expected = _reference({name: plain, "inner": {"list": plain[:3],
+                                                  "one": plain[-1] if plain else None}})
+    assert canonical_bytes(value) == canonical_bytes(value) == expected
+    assert canonical_bytes(normalise(value)) == expected
+    assert canonical_bytes(mixed) == _reference(plain)
+
+
 def test_a_frozen_value_refuses_every_change_at_every_depth():
     from dynbranch.canonical import freeze
 
