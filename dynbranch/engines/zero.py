@@ -18,7 +18,7 @@ from dynbranch.engines.protocol import (
     LoadSnapshot,
 )
 from dynbranch.engines.sim import EOS_TOKEN_ID, ReplayPlan, replay_plan
-from dynbranch.engines.tokenizer import count_tokens
+from dynbranch.engines.tokenizer import encode_array
 from dynbranch.errors import EngineError
 
 _EMPTY = ReplayPlan(pieces=(), token_ids=(EOS_TOKEN_ID,), finish_reason="stop")
@@ -45,7 +45,10 @@ class ZeroEngine(Engine):
         result = GenerateResult(
             request_id=request.request_id,
             text=text,
-            prompt_tokens=count_tokens(request.prompt),
+            # NOTE: counted through the encoder that reuses a shared prefix's pieces (the
+            # same count): this engine is to leave the engine's own work out, and counting
+            # a Routing prompt from scratch took 272 us on average, against 137 us so.
+            prompt_tokens=len(encode_array(request.prompt)),
             output_tokens=len(plan.token_ids),
             cached_prompt_tokens=0,
             finish_reason=plan.finish_reason,
