@@ -1,0 +1,126 @@
+"""Replay speed of two trees side by side, their results compared row for row.
+
+    python scripts/bench_speed_pair.py --base REV [--head REV] [--requests 10000] [--pairs 2]
+                                       [--rate 4] [--arm full] [--out DIR]
+
+``--base`` (and ``--head``, default: this working tree, uncommitted changes included) are
+checked out into temporary git worktrees. The same virtual-clock Routing replay then runs in
+each, alternating base, head, base, head, ... (``--pairs`` times), each as its own process
+running its own tree's code (``python -m dynbranch replay`` from the tree's root). This
+machine's speed drifts by a fifth within an hour, so a speed change is only read against the
+other tree's run next to it, never against a figure from another time.
+
+Prints per run the wall seconds, simulated seconds per wall second and peak RSS, and whether
+the first pair's request, stage and branch rows are identical (every column but wall-clock
+ones); writes the same to ``DIR/pairs.json``. A speed change that is meant to change nothing
+else must print ``identical``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # NOTE: the data directory as this tree resolves it
+    sys.path.insert(0, str(ROOT))
+
+from dynbranch.datasets import resolve_data_dir  # noqa: E402
+
+TABLES = ("requests", "stages", "branches")
+
+
+def worktree(rev: str, where: Path) -> Path:
+    """A detached worktree of ``rev`` at ``where``."""
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(where), rev],
+                   check=True, capture_output=True)
+    return where
+
+
+def replay(tree: Path, out: Path, args: argparse.Namespace, data_dir: Path | None) -> dict:
+    """One replay in ``tree``'s code; its summary's speed figures and the process's peak RSS."""
+    cmd = [sys.executable, "-m", "dynbranch", "replay", "--workload", "routing",
+           "--arm", args.arm, "--backend", "local", "--clock", "virtual",
+           "--rate", str(args.rate), "--requests", str(args.requests), "--out", str(out),
+           "--quiet"]
+    if data_dir is not None:
+        cmd += ["--data-dir", str(data_dir)]
+    env = {**os.environ, "PYTHONPATH": str(tree)}  # NOTE: this tree's code, not an install
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"replay in {tree} failed ({proc.returncode}):\n{stderr[-2000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    return {"wall_s": summary["wall_s"], "sim_s_per_wall_s": summary["sim_s_per_wall_s"],
+            "mean_latency_s": summary["mean_latency_s"], "completed": summary["completed"],
+            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+
+
+def compare(a: Path, b: Path) -> dict[str, str]:
+    """Per result table: ``identical``, or what differs (wall-clock columns left out)."""
+    import pandas as pd
+
+    verdict = {}
+    for table in TABLES:
+        x, y = pd.read_parquet(a / f"{table}.parquet"), pd.read_parquet(b / f"{table}.parquet")
+        if len(x) != len(y) or list(x.columns) != list(y.columns):
+            verdict[table] = f"differ: {len(x)} rows / {len(y)} rows, or other columns"
+            continue
+        bad = [c for c in x.columns if "wall" not in c and not x[c].equals(y[c])]
+        verdict[table] = (f"identical ({len(x)} rows)" if not bad
+                          else f"differ in {', '.join(bad)}")
+    return verdict
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="the commit to compare against")
+    ap.add_argument("--head", default=None, help="a commit (default: this working tree)")
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--rate", type=float, default=4.0)
+    ap.add_argument("--arm", default="full")
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None, help="where runs and pairs.json go")
+    args = ap.parse_args()
+    data_dir = resolve_data_dir(None)
+    with tempfile.TemporaryDirectory(prefix="speed-pair-") as tmp:
+        out = args.out or Path(tmp) / "runs"
+        out.mkdir(parents=True, exist_ok=True)
+        trees = {"base": worktree(args.base, Path(tmp) / "base")}
+        trees["head"] = worktree(args.head, Path(tmp) / "head") if args.head else ROOT
+        try:
+            runs: list[dict] = []
+            for i in range(args.pairs):
+                for side in ("base", "head"):
+                    got = replay(trees[side], out / f"{side}_{i + 1}", args, data_dir)
+                    runs.append({"pair": i + 1, "side": side, **got})
+                    print(f"pair {i + 1} {side}: {got['wall_s']:.1f} s wall, "
+                          f"{got['sim_s_per_wall_s']:.1f} simulated s per wall s, "
+                          f"peak RSS {got['peak_rss_mb']:.0f} MB, "
+                          f"mean latency {got['mean_latency_s']:.6f} s", flush=True)
+            verdict = compare(out / "base_1", out / "head_1")
+        finally:
+            for tree in trees.values():
+                if tree != ROOT:
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                                    str(tree)], capture_output=True)
+        for table, said in verdict.items():
+            print(f"{table}: {said}")
+        report = {"base": args.base, "head": args.head or "working tree",
+                  "requests": args.requests, "rate": args.rate, "arm": args.arm,
+                  "runs": runs, "rows": verdict}
+        (out / "pairs.json").write_text(json.dumps(report, indent=1) + "\n")
+        if args.out is not None:
+            print(f"runs and pairs.json in {out}")
+
+
+if __name__ == "__main__":
+    main()
