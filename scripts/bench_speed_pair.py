@@ -92,7 +92,8 @@ def main() -> None:
     args = ap.parse_args()
     data_dir = resolve_data_dir(None)
     with tempfile.TemporaryDirectory(prefix="speed-pair-") as tmp:
-        out = args.out or Path(tmp) / "runs"
+        # NOTE: absolute: each replay runs from its own tree's root
+        out = (args.out or Path(tmp) / "runs").resolve()
         out.mkdir(parents=True, exist_ok=True)
         trees = {"base": worktree(args.base, Path(tmp) / "base")}
         trees["head"] = worktree(args.head, Path(tmp) / "head") if args.head else ROOT
