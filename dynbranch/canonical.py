@@ -236,9 +236,9 @@ def _keeps(value: Any) -> bool:
 
 def _holds_kept(value: Any) -> bool:
     """Whether ``value`` keeps its own encoding or is a plain list or mapping holding one."""
-    t = type(value)
-    if t is FrozenMap or t is FrozenList or t is Normalised:
+    if _keeps(value):
         return True
+    t = type(value)
     if t is list or t is tuple:
         return any(map(_keeps, value))
     if t is dict or t is MappingProxyType:

@@ -199,8 +199,7 @@ class LogitPredictor(FrequencyPredictor):
         table = self._tables.get(self._stage(ctx))
         if table is None:
             return 0.0
-        values = table.weights[table.lookup(list(self.tokens(ctx, candidate)))].tolist()
-        return sum(values)
+        return sum(table.weights[table.lookup(self.tokens(ctx, candidate))].tolist())
 
     def rank(self, ctx: BranchContext, k: int) -> list[str]:
         if k <= 0:
