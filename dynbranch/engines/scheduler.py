@@ -31,6 +31,7 @@ from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateRes
 from dynbranch.engines.queued import DONE, RUNNING, WAITING
 from dynbranch.engines.tokenizer import encode, tokenize
 from dynbranch.errors import EngineError
+from dynbranch.prefix_memo import RecentPrefixes
 
 _LITTLE_INT32 = sys.byteorder == "little" and array("i").itemsize == 4
 """Whether an ``array('i')`` of token ids (all in ``[0, 2**31)``) is already laid out as
@@ -91,6 +92,43 @@ def replayed_text(prompt: str, replay_text: str, max_tokens: int,
     if len(replay_text) < (max_tokens if room is None else min(max_tokens, room)):
         return replay_text  # fewer pieces than the limit, whatever they are: nothing is cut
     return "".join(replay_plan(request, room).pieces)
+
+
+# -- block keys shared between prompts --------------------------------------------------------
+
+CHAIN_MEMO_PROMPTS = 256
+"""Prompts per cache salt whose block keys are remembered, so that a prompt sharing a prefix
+with a recent one takes the keys of the shared blocks instead of hashing them again (as the
+tokenizer keeps recent prompts' pieces; as many)."""
+CHAIN_MEMO_SALTS = 64
+"""Cache salts (and block sizes) with a memory of their own (all are forgotten when one more
+comes)."""
+_CHAINS: dict[tuple[str | None, int], RecentPrefixes[bytes, tuple[bytes, ...]]] = {}
+
+
+def first_block_hashes(cache_salt: str | None, packed: bytes, width: int) -> list[bytes]:
+    """The chained keys of the blocks of ``packed`` (token ids as little-endian uint32, a
+    whole number of ``width``-byte blocks), from the root of ``cache_salt``.
+
+    A key depends only on the salt and the bytes up to its block's end, so the keys of the
+    blocks a recent prompt of the same salt shares are that prompt's keys: a Routing router
+    prompt shares its system prompt and tool schemas (a few hundred blocks) with an earlier
+    one, and a later stage of a request its whole conversation so far.
+    """
+    memo = _CHAINS.get((cache_salt, width))  # NOTE: engines may differ in block size
+    if memo is None:
+        if len(_CHAINS) >= CHAIN_MEMO_SALTS:
+            _CHAINS.clear()
+        memo = _CHAINS[cache_salt, width] = RecentPrefixes(CHAIN_MEMO_PROMPTS)
+    seen, shared = memo.nearest(packed)
+    hashes = list(seen[: shared // width]) if seen else []
+    parent = hashes[-1] if hashes else root_hash(cache_salt)
+    sha256 = hashlib.sha256
+    for offset in range(len(hashes) * width, len(packed), width):
+        parent = sha256(parent + packed[offset : offset + width]).digest()
+        hashes.append(parent)
+    memo.add(packed, tuple(hashes))
+    return hashes
 
 
 # -- one request inside the engine ----------------------------------------------------------
@@ -157,7 +195,10 @@ class Seq:
         else:
             packed = struct.pack(f"<{end - start}I", *ids[start:end])
         width = 4 * block_size
-        parent = hashes[-1] if hashes else root_hash(self.request.cache_salt)
+        if not hashes:
+            hashes.extend(first_block_hashes(self.request.cache_salt, packed, width))
+            return
+        parent = hashes[-1]
         sha256 = hashlib.sha256
         for offset in range(0, len(packed), width):
             parent = sha256(parent + packed[offset : offset + width]).digest()

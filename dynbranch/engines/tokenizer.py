@@ -23,9 +23,10 @@ from __future__ import annotations
 import re
 import zlib
 from array import array
-from bisect import bisect_left, bisect_right, insort
-from collections import OrderedDict
+from bisect import bisect_right
 from itertools import accumulate
+
+from dynbranch.prefix_memo import RecentPrefixes
 
 VOCAB_SIZE = 151_936  # Qwen3's vocabulary size; ids are folded into it.
 _PIECE = re.compile(r" ?[A-Za-z]{1,6}| ?\d{1,3}| ?[^\sA-Za-z\d]{1,2}|\s+")
@@ -67,58 +68,12 @@ class _Encoded:
         self.text, self.ids, self.ends = text, ids, ends
 
 
-def _shared_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix of ``a`` and ``b`` (C-speed slice compares)."""
-    if a[:64] != b[:64]:
-        n = 0
-        while n < 64 and n < len(a) and n < len(b) and a[n] == b[n]:
-            n += 1
-        return n
-    limit = min(len(a), len(b))
-    lo, step = 64, 1024  # a[:lo] == b[:lo]; gallop, then bisect the mismatching span
-    while lo < limit:
-        hi = min(limit, lo + step)
-        if a[lo:hi] != b[lo:hi]:
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if a[lo:mid] == b[lo:mid]:
-                    lo = mid
-                else:
-                    hi = mid
-            return lo if a[lo] != b[lo] else hi
-        lo, step = hi, step * 2
-    return limit
-
-
 class _Encoder:
-    """Encodes texts, reusing the pieces of a prefix shared with a recent text.
-
-    The recent texts are kept sorted: the one sharing the longest prefix with a new text
-    sits next to where the new text would be inserted, so finding it takes two prefix
-    comparisons, not one per remembered text.
-    """
+    """Encodes texts, reusing the pieces of a prefix shared with a recent text."""
 
     def __init__(self) -> None:
         self.ids = _PieceIds()
-        self.recent: OrderedDict[str, _Encoded] = OrderedDict()  # oldest first
-        self.sorted: list[str] = []
-
-    def _nearest(self, text: str) -> tuple[_Encoded | None, int]:
-        at = bisect_left(self.sorted, text)
-        best, shared = None, 0
-        for i in (at - 1, at):
-            if 0 <= i < len(self.sorted):
-                n = _shared_prefix(self.sorted[i], text)
-                if n > shared:
-                    best, shared = self.recent[self.sorted[i]], n
-        return best, shared
-
-    def _remember(self, entry: _Encoded) -> None:
-        self.recent[entry.text] = entry
-        insort(self.sorted, entry.text)
-        while len(self.recent) > RECENT_TEXTS:
-            old, _ = self.recent.popitem(last=False)
-            del self.sorted[bisect_left(self.sorted, old)]
+        self.recent: RecentPrefixes[str, _Encoded] = RecentPrefixes(RECENT_TEXTS)
 
     def encode(self, text: str) -> array[int]:
         """``text``'s ids as a fresh array (the caller may grow it)."""
@@ -126,9 +81,8 @@ class _Encoder:
             return array("i", map(self.ids.__getitem__, _PIECE.findall(text)))
         seen = self.recent.get(text)
         if seen is not None:
-            self.recent.move_to_end(text)
             return seen.ids[:]
-        best, shared = self._nearest(text)
+        best, shared = self.recent.nearest(text)
         head_ids, head_ends, start = array("i"), array("i"), 0
         if best is not None:
             # NOTE: a piece is decided by its own characters and the one after it, so the
@@ -140,7 +94,7 @@ class _Encoder:
         ids = head_ids + array("i", map(self.ids.__getitem__, tail))
         ends = head_ends + array("i", accumulate(map(len, tail), initial=start))[1:]
         assert (ends[-1] if ends else 0) == len(text), "the pieces cover the text"
-        self._remember(_Encoded(text, ids, ends))
+        self.recent.add(text, _Encoded(text, ids, ends))
         return ids[:]
 
 

@@ -43,9 +43,17 @@ from dataclasses import dataclass
 from itertools import repeat
 
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest
+from dynbranch.prefix_memo import RecentPrefixes
 from dynbranch.runtime.placement import PlacementPolicy
 
 BlockHash = Callable[[bytes], bytes]
+
+RECENT_PROMPTS = 256
+"""Prompts per cache salt whose block keys are remembered, so that a prompt sharing a prefix
+with one of them hashes only the blocks after it (consecutive calls of a request extend
+each other; every request's router shares the template's head)."""
+RECENT_SALTS = 64
+"""Cache salts with a memory of their own (all are forgotten when one more comes)."""
 
 
 def blake2b_16(data: bytes) -> bytes:
@@ -112,6 +120,7 @@ class PrefixAffinity(PlacementPolicy):
         self.config = config or AffinityConfig()
         self.hash_fn = hash_fn
         self._held: list[OrderedDict[bytes, int]] = []  # per engine: block key -> last tick
+        self._recent: dict[str | None, RecentPrefixes[str, tuple[bytes, ...]]] = {}
         self._tick = 0
         self.counts = {"affinity": 0, "no_affinity": 0, "load_guard": 0}
 
@@ -125,11 +134,20 @@ class PrefixAffinity(PlacementPolicy):
         """Chained keys of the prompt's full leading blocks (at most ``max_blocks``)."""
         size = self.config.block_chars
         n = min(len(prompt) // size, self.config.max_blocks)
-        key = self.hash_fn(b"salt:" + (salt or "").encode("utf-8"))
-        keys = []
-        for i in range(n):
+        memo = self._recent.get(salt)
+        if memo is None:
+            if len(self._recent) >= RECENT_SALTS:
+                self._recent.clear()
+            memo = self._recent[salt] = RecentPrefixes(RECENT_PROMPTS)
+        # NOTE: a key depends only on the salt and the characters up to its block's end, so
+        # the blocks a recent prompt shares have that prompt's keys.
+        seen, shared = memo.nearest(prompt)
+        keys = list(seen[: min(shared // size, n)]) if seen else []
+        key = keys[-1] if keys else self.hash_fn(b"salt:" + (salt or "").encode("utf-8"))
+        for i in range(len(keys), n):
             key = self.hash_fn(key + prompt[i * size:(i + 1) * size].encode("utf-8"))
             keys.append(key)
+        memo.add(prompt, tuple(keys))
         return keys
 
     def match(self, engine: int, keys: Sequence[bytes]) -> Match:
