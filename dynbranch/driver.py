@@ -284,17 +284,20 @@ def run_replay(prepared: Prepared, backend: Backend | None = None, *,
                   f"with dynbranch.resultlog.read_partial)", file=sys.stderr)
         backend = backend or make_backend(cfg, clock)
         state = _RunState(keep_log=keep_log)
-        with Stopwatch() as wall, _collector_for_replay():
-            clock.run(_replay(prepared, backend, state))
-        if state.orch is None or state.stream is None:
-            raise KeyboardInterrupt  # interrupted before any request could start
-        orch = state.orch
-        run = {**cfg.settings(), "wall_s": wall.elapsed_s, "backend": backend.name,
-               **state.fields()}
-        state.stream.flush(every_branch=True)
-        summary = summarize(run, state.records, state.stream.tally, fills=orch.fills.stats(),
-                            mechanisms=orch.mechanism_stats)
-        state.stream.close(summary, state.records)
+        # NOTE: writing the results stays inside the tuned collector: out of it, the first
+        # allocations of the frames and files collected the whole heap the run had grown.
+        with _collector_for_replay():
+            with Stopwatch() as wall:
+                clock.run(_replay(prepared, backend, state))
+            if state.orch is None or state.stream is None:
+                raise KeyboardInterrupt  # interrupted before any request could start
+            orch = state.orch
+            run = {**cfg.settings(), "wall_s": wall.elapsed_s, "backend": backend.name,
+                   **state.fields()}
+            state.stream.flush(every_branch=True)
+            summary = summarize(run, state.records, state.stream.tally,
+                                fills=orch.fills.stats(), mechanisms=orch.mechanism_stats)
+            state.stream.close(summary, state.records)
     if cfg.progress:
         print(report(summary))
     return ReplayResult(summary, state.records, orch)
@@ -306,7 +309,8 @@ GC_THRESHOLD = (20_000, 50, 1_000)
 
 @contextlib.contextmanager
 def _collector_for_replay():
-    """Freeze what exists before the run and collect cycles less often while it runs.
+    """Freeze what exists before the run and collect cycles less often while it runs and
+    while its results are written.
 
     NOTE: a replay allocates millions of short-lived acyclic objects (events, token lists,
     scores); at the default thresholds the cyclic collector ran 1,539 young and 12 full
@@ -314,7 +318,8 @@ def _collector_for_replay():
     the prepared train split and the predictors' weights again: 4.1-4.5 s of a 28-30 s run.
     Frozen and at these thresholds, 375 young and 3 full collections took 0.9-1.0 s and the
     run 26.2-26.5 s, with identical results. Cycles still get collected, at most 20,000
-    allocations late. The thresholds and the frozen set are restored afterwards.
+    allocations late. The thresholds and the frozen set are restored afterwards. Writing a
+    3,000-request run's results took 2.3-2.8 s outside and 1.35-1.42 s inside.
     """
     before = gc.get_threshold()
     gc.freeze()

@@ -174,3 +174,21 @@ class _Wrapped:
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
+
+
+def test_the_collector_stays_tuned_while_results_are_written_and_is_restored(
+        tmp_path, monkeypatch):
+    from dynbranch import driver, resultlog
+
+    seen = []
+    close = resultlog.ResultStream.close
+
+    def watched(self, *a, **kw):
+        seen.append((gc.get_threshold(), gc.get_freeze_count() > 0))
+        return close(self, *a, **kw)
+
+    monkeypatch.setattr(resultlog.ResultStream, "close", watched)
+    before = gc.get_threshold()
+    run_replay(prepare(_cfg(tmp_path), progress=lambda _m: None))
+    assert seen == [(driver.GC_THRESHOLD, True)]
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
