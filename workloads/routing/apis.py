@@ -164,6 +164,8 @@ def _import_file(name: str, path: Path) -> types.ModuleType:
 # -- per-request state ------------------------------------------------------------------------
 
 _GLOBAL_PRECISION_LOCK = threading.Lock()
+_SIGNATURES: dict[tuple[type, str], inspect.Signature] = {}
+"""(API class, method) -> the bound method's signature (the same for every instance)."""
 
 
 class ApiState:
@@ -188,7 +190,6 @@ class ApiState:
                                    **({"long_context": True} if long_context else {})})[:16]
                         for c in classes}
         self._owner: dict[str, str] = {}
-        self._signatures: dict[str, inspect.Signature] = {}
         for cls, instance in self.instances.items():
             for name, _ in inspect.getmembers(instance, inspect.ismethod):
                 if not name.startswith("_"):
@@ -208,10 +209,11 @@ class ApiState:
             raise LookupError(
                 f"no involved class ({', '.join(self.instances)}) has a method {call.name!r}"
             )
-        signature = self._signatures.get(call.name)
-        if signature is None:  # NOTE: a method's signature is read once, not per call
-            method = getattr(self.instances[cls], call.name)
-            signature = self._signatures[call.name] = inspect.signature(method)
+        instance = self.instances[cls]
+        key = (type(instance), call.name)
+        signature = _SIGNATURES.get(key)
+        if signature is None:  # NOTE: read once per API class, not per request or call
+            signature = _SIGNATURES[key] = inspect.signature(getattr(instance, call.name))
         return cls, signature.bind(*call.args, **call.kwargs)
 
     def execute(self, cls: str, call: ParsedCall, bound: inspect.BoundArguments) -> Any:
