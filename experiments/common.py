@@ -69,20 +69,98 @@ class Cell:
                 f"-n{self.requests}-s{self.seed}")
 
 
+_JOBS = 1
+"""Processes :func:`run_cells` runs cells in, unless told otherwise (see :func:`cell_jobs`)."""
+
+
+@contextlib.contextmanager
+def cell_jobs(jobs: int) -> Iterator[None]:
+    """Within the block, :func:`run_cells` runs up to ``jobs`` cells at once, each in a
+    process of its own (``dynbranch experiment --jobs``)."""
+    global _JOBS
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs} must be >= 1")
+    before, _JOBS = _JOBS, jobs
+    try:
+        yield
+    finally:
+        _JOBS = before
+
+
 def run_cells(cells: Sequence[Cell], out: Path,
               extra: Callable[[Cell, Any], Mapping[str, Any]] | None = None,
               customize: Callable[[Cell, Any], Any] | None = None,
-              ) -> list[dict[str, Any]]:
+              jobs: int | None = None) -> list[dict[str, Any]]:
     """Run every cell (a progress bar over cells) and return one row per cell, paired with
     its floor and oracle (:func:`experiments.pairing.pair_rows`). ``customize`` may replace
-    parts of a prepared replay (its arm, its request stream) before it runs."""
+    parts of a prepared replay (its arm, its request stream) before it runs.
+
+    With ``jobs`` > 1 (default: :func:`cell_jobs`'s) the cells run in that many forked
+    processes at once. A cell is one seeded replay on the virtual clock whatever else the
+    process ran, so the rows are the same as one after another (a test compares them), in
+    cell order; only ``wall_s`` differs.
+    """
     from tqdm import tqdm
 
-    rows = []
+    jobs = min(_JOBS if jobs is None else jobs, len(cells))
     with keeping_train_splits():  # NOTE: cells of one workload learn its train split once
-        for cell in tqdm(cells, desc="cells", unit="replay"):
-            rows.append(_run_cell(cell, out, extra, customize))
+        if jobs > 1 and _can_fork():
+            rows = _run_forked(cells, out, extra, customize, jobs)
+        else:
+            rows = [_run_cell(cell, out, extra, customize)
+                    for cell in tqdm(cells, desc="cells", unit="replay")]
     return pair_rows(rows)
+
+
+def _can_fork() -> bool:
+    import multiprocessing
+    import sys
+
+    if "fork" in multiprocessing.get_all_start_methods():
+        return True
+    print("experiments: this platform cannot fork; the cells run one after another",
+          file=sys.stderr)
+    return False
+
+
+_FORKED: tuple[Any, ...] | None = None
+"""What forked cell processes run: (cells, out, extra, customize), set before they fork.
+NOTE: inherited through fork, not pickled: ``extra`` and ``customize`` are often closures."""
+
+
+def _run_forked(cells: Sequence[Cell], out: Path,
+                extra: Callable[[Cell, Any], Mapping[str, Any]] | None,
+                customize: Callable[[Cell, Any], Any] | None, jobs: int
+                ) -> list[dict[str, Any]]:
+    import multiprocessing
+
+    from tqdm import tqdm
+
+    global _FORKED
+    _FORKED = (cells, out, extra, customize)
+    rows: list[dict[str, Any] | None] = [None] * len(cells)
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            done = pool.imap_unordered(_forked_cell, range(len(cells)))
+            for i, row, stopped in tqdm(done, total=len(cells), desc=f"cells ({jobs} at once)",
+                                        unit="replay"):
+                if stopped is not None:
+                    raise KeyboardInterrupt(stopped)
+                rows[i] = row
+    finally:
+        _FORKED = None
+    return rows  # type: ignore[return-value]
+
+
+def _forked_cell(i: int) -> tuple[int, dict[str, Any] | None, str | None]:
+    """One cell in a forked process: its row, or why it stopped (an interrupt cannot cross
+    the pool: a worker that raised one would die and leave the pool waiting on it)."""
+    assert _FORKED is not None, "set before the pool forked"
+    cells, out, extra, customize = _FORKED
+    try:
+        return i, _run_cell(cells[i], out, extra, customize), None
+    except KeyboardInterrupt as e:
+        return i, None, str(e) or f"{cells[i].slug()}: interrupted"
 
 
 def _run_cell(cell: Cell, out: Path, extra: Callable[[Cell, Any], Mapping[str, Any]] | None,

@@ -231,3 +231,35 @@ def test_an_interrupted_cell_stops_the_experiment_and_keeps_its_partial_results(
     (replay,) = (tmp_path / "replays").iterdir()
     summary = pd.read_json(replay / "summary.json", typ="series")
     assert summary["interrupted"] and summary["interrupted_by"] == "SIGINT"
+
+
+def test_cells_run_in_forked_processes_give_the_rows_of_one_process(tmp_path):
+    from experiments import scaling
+    from experiments.common import cell_jobs
+
+    cells = _fixture(
+        scaling.trio(scaling.variant(0.5, panel="a"), 1.0, 6, 0, scaling.replay("qwen3-32b@h200"))
+    ) + _fixture(
+        scaling.trio(scaling.variant(0.0, panel="a"), 1.0, 6, 1, scaling.replay("qwen3-32b@h200"))
+    )
+    extra = with_facts(scaling.replay_share)  # a closure: forked processes inherit it
+
+    def run(jobs, out):
+        rows = run_cells(cells, out, extra=extra, customize=scaling.customize, jobs=jobs)
+        for r in rows:
+            assert r.pop("wall_s") > 0
+        return rows
+
+    one = run(1, tmp_path / "one")
+    with cell_jobs(2):
+        two = run(None, tmp_path / "two")
+    assert two == one and len(one) == 6
+    assert [(r["arm"], r["seed"]) for r in two] == [(c.arm, c.seed) for c in cells]
+    assert all((tmp_path / "two" / "replays" / c.slug() / "summary.json").exists() for c in cells)
+
+
+def test_cell_jobs_must_be_positive():
+    from experiments.common import cell_jobs
+
+    with pytest.raises(ValueError, match="jobs=0"), cell_jobs(0):
+        pass
