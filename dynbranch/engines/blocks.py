@@ -11,7 +11,9 @@ import hashlib
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from itertools import islice
+from functools import partial
+from itertools import islice, takewhile
+from operator import is_not
 
 
 def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
@@ -22,6 +24,10 @@ def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
 def root_hash(cache_salt: str | None) -> bytes:
     """The parent key of a request's first block: its cache salt isolates its prefixes."""
     return hashlib.sha256(b"salt:" + (cache_salt or "").encode("utf-8")).digest()
+
+
+_is_block = partial(is_not, None)
+"""Whether a cache lookup found a block (``None is not`` it)."""
 
 
 class BlockPool:
@@ -51,14 +57,10 @@ class BlockPool:
 
     def lookup(self, hashes: Sequence[bytes], limit: int | None = None) -> list[int]:
         """The cached blocks of the longest prefix of ``hashes`` (of its first ``limit``)."""
-        hits: list[int] = []
-        cached = self._cached
-        for h in islice(hashes, limit) if self.caching else ():
-            block = cached.get(h)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        if not self.caching:
+            return []
+        # NOTE: at C speed, up to the first miss (a long prompt has hundreds of blocks)
+        return list(takewhile(_is_block, map(self._cached.get, islice(hashes, limit))))
 
     def key_of(self, block: int) -> bytes | None:
         """The key of the full block whose KV ``block`` holds, if it is cached."""
@@ -75,38 +77,38 @@ class BlockPool:
 
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on cached blocks a request reuses."""
+        refs, free = self._refs, self._free
         for b in blocks:
-            if self._refs[b] == 0:
-                del self._free[b]
-            self._refs[b] += 1
+            if refs[b] == 0:
+                del free[b]
+            refs[b] += 1
 
     def allocate(self, n: int) -> list[int]:
         """``n`` fresh blocks, evicting the cached KV they held."""
         assert n <= self.num_free, "caller checks num_free first"
         out = []
+        pop, refs, keys, cached = self._free.popitem, self._refs, self._hash, self._cached
         for _ in range(n):
-            b, _ = self._free.popitem(last=False)
-            self._uncache(b)
-            self._refs[b] = 1
+            b, _ = pop(last=False)
+            key = keys[b]
+            if key is not None:  # it held a cached block: that KV is gone now
+                del cached[key]
+                keys[b] = None
+            refs[b] = 1
             out.append(b)
         return out
 
     def release(self, blocks: Sequence[int]) -> None:
         """Drop a request's references; unused blocks become free but stay cached."""
         # NOTE: tail first, so a prefix's last blocks are evicted before its first (vLLM).
+        refs, free = self._refs, self._free
         for b in reversed(blocks):
-            self._refs[b] -= 1
-            if self._refs[b] == 0:
-                self._free[b] = None
+            left = refs[b] = refs[b] - 1
+            if left == 0:
+                free[b] = None
 
     def cache(self, block: int, key: bytes) -> None:
         """Record that ``block`` holds the full block ``key`` (first holder wins)."""
         if self.caching and key not in self._cached:
             self._cached[key] = block
             self._hash[block] = key
-
-    def _uncache(self, block: int) -> None:
-        key = self._hash[block]
-        if key is not None:
-            del self._cached[key]
-            self._hash[block] = None
