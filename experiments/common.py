@@ -113,13 +113,18 @@ def run_cells(cells: Sequence[Cell], out: Path,
 
 
 def _can_fork() -> bool:
+    """Whether cells may run in forked processes (else they run one after another)."""
     import multiprocessing
     import sys
 
-    if "fork" in multiprocessing.get_all_start_methods():
+    ray = sys.modules.get("ray")
+    if "fork" not in multiprocessing.get_all_start_methods():
+        why = "this platform cannot fork"
+    elif ray is not None and ray.is_initialized():
+        why = "this process is connected to Ray, which a forked copy must not share"
+    else:
         return True
-    print("experiments: this platform cannot fork; the cells run one after another",
-          file=sys.stderr)
+    print(f"experiments: {why}; the cells run one after another", file=sys.stderr)
     return False
 
 

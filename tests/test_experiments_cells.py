@@ -263,3 +263,17 @@ def test_cell_jobs_must_be_positive():
 
     with pytest.raises(ValueError, match="jobs=0"), cell_jobs(0):
         pass
+
+
+def test_cells_run_one_after_another_where_forking_is_unsafe(tmp_path, monkeypatch, capsys):
+    import sys
+    import types
+
+    from experiments import common
+
+    connected = types.SimpleNamespace(is_initialized=lambda: True)
+    monkeypatch.setitem(sys.modules, "ray", connected)
+    monkeypatch.setattr(common, "_run_forked", lambda *a: pytest.fail("forked"))
+    cells = _fixture([Cell("routing", "floor", seed=0), Cell("routing", "floor", seed=1)])
+    rows = run_cells(cells, tmp_path, jobs=2)
+    assert len(rows) == 2 and "connected to Ray" in capsys.readouterr().err
