@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", str, bytes)
@@ -90,3 +91,25 @@ class RecentPrefixes(Generic[K, V]):
         while len(self._values) > self.capacity:
             old, _ = self._values.popitem(last=False)
             del self._sorted[bisect_left(self._sorted, old)]
+
+
+class RecentPrefixesByKey(Generic[K, V]):
+    """One :class:`RecentPrefixes` of ``capacity`` per key (a cache salt: prefixes are never
+    shared across salts), for at most ``keys`` keys; all are forgotten when one more comes."""
+
+    def __init__(self, capacity: int, keys: int) -> None:
+        if keys < 1:
+            raise ValueError(f"RecentPrefixesByKey keys={keys} must be >= 1")
+        self.capacity, self.keys = capacity, keys
+        self._memos: dict[Hashable, RecentPrefixes[K, V]] = {}
+
+    def __getitem__(self, key: Hashable) -> RecentPrefixes[K, V]:
+        memo = self._memos.get(key)
+        if memo is None:
+            if len(self._memos) >= self.keys:
+                self._memos.clear()
+            memo = self._memos[key] = RecentPrefixes(self.capacity)
+        return memo
+
+    def __len__(self) -> int:
+        return len(self._memos)

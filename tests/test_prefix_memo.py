@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynbranch.prefix_memo import RecentPrefixes, shared_prefix
+from dynbranch.prefix_memo import RecentPrefixes, RecentPrefixesByKey, shared_prefix
 
 
 def naive_shared(a, b) -> int:
@@ -62,9 +62,22 @@ def test_the_oldest_key_is_forgotten_first_and_a_hit_refreshes() -> None:
     assert memo.keys() == ["gamma", "alpha"] and len(memo) == 2
 
 
+def test_each_key_has_its_own_memory_and_their_number_is_bounded() -> None:
+    book: RecentPrefixesByKey[str, int] = RecentPrefixesByKey(4, keys=2)
+    book["salt-a"].add("shared prompt", 1)
+    assert book["salt-b"].nearest("shared prompt") == (None, 0)  # never across keys
+    assert book["salt-a"].nearest("shared prompt") == (1, 13)
+    assert book["salt-a"] is book["salt-a"] and len(book) == 2
+    book["salt-c"]  # one key too many: every memory is forgotten
+    assert len(book) == 1 and book["salt-a"].nearest("shared prompt") == (None, 0)
+    assert book["salt-a"].capacity == 4
+
+
 def test_a_memory_needs_room_for_one_key() -> None:
     with pytest.raises(ValueError, match="capacity"):
         RecentPrefixes(0)
+    with pytest.raises(ValueError, match="keys"):
+        RecentPrefixesByKey(4, keys=0)
 
 
 # -- its users: what they reuse equals what they would compute afresh ------------------------

@@ -31,7 +31,7 @@ from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateRes
 from dynbranch.engines.queued import DONE, RUNNING, WAITING
 from dynbranch.engines.tokenizer import encode, tokenize
 from dynbranch.errors import EngineError
-from dynbranch.prefix_memo import RecentPrefixes
+from dynbranch.prefix_memo import RecentPrefixesByKey
 
 _LITTLE_INT32 = sys.byteorder == "little" and array("i").itemsize == 4
 """Whether an ``array('i')`` of token ids (all in ``[0, 2**31)``) is already laid out as
@@ -108,7 +108,8 @@ tokenizer keeps recent prompts' pieces; as many)."""
 CHAIN_MEMO_SALTS = 64
 """Cache salts (and block sizes) with a memory of their own (all are forgotten when one more
 comes)."""
-_CHAINS: dict[tuple[str | None, int], RecentPrefixes[bytes, tuple[bytes, ...]]] = {}
+_CHAINS: RecentPrefixesByKey[bytes, tuple[bytes, ...]] = RecentPrefixesByKey(
+    CHAIN_MEMO_PROMPTS, CHAIN_MEMO_SALTS)
 
 
 def first_block_hashes(cache_salt: str | None, packed: bytes, width: int) -> list[bytes]:
@@ -120,20 +121,23 @@ def first_block_hashes(cache_salt: str | None, packed: bytes, width: int) -> lis
     prompt shares its system prompt and tool schemas (a few hundred blocks) with an earlier
     one, and a later stage of a request its whole conversation so far.
     """
-    memo = _CHAINS.get((cache_salt, width))  # NOTE: engines may differ in block size
-    if memo is None:
-        if len(_CHAINS) >= CHAIN_MEMO_SALTS:
-            _CHAINS.clear()
-        memo = _CHAINS[cache_salt, width] = RecentPrefixes(CHAIN_MEMO_PROMPTS)
+    memo = _CHAINS[cache_salt, width]  # NOTE: engines may differ in block size
     seen, shared = memo.nearest(packed)
     hashes = list(seen[: shared // width]) if seen else []
-    parent = hashes[-1] if hashes else root_hash(cache_salt)
-    sha256 = hashlib.sha256
-    for offset in range(len(hashes) * width, len(packed), width):
-        parent = sha256(parent + packed[offset : offset + width]).digest()
-        hashes.append(parent)
+    start = len(hashes) * width
+    _chain(hashes, hashes[-1] if hashes else root_hash(cache_salt), packed[start:], width)
     memo.add(packed, tuple(hashes))
     return hashes
+
+
+def _chain(hashes: list[bytes], parent: bytes, packed: bytes, width: int) -> None:
+    """Append to ``hashes`` the keys of ``packed``'s ``width``-byte blocks, chained from
+    ``parent`` (:func:`~dynbranch.engines.blocks.block_hash`'s, over one packing of them all:
+    a long prompt has hundreds, and a call per block was a tenth of a replay's time)."""
+    sha256 = hashlib.sha256
+    for offset in range(0, len(packed), width):
+        parent = sha256(parent + packed[offset : offset + width]).digest()
+        hashes.append(parent)
 
 
 # -- one request inside the engine ----------------------------------------------------------
@@ -192,22 +196,16 @@ class Seq:
             return
         start, end = have * block_size, n * block_size
         assert end <= len(self.token_ids), "only full blocks have keys"
-        # NOTE: block_hash's keys, computed over one packing of all the new blocks: a long
-        # prompt has hundreds, and a call per block was a tenth of a replay's time.
         ids = self.token_ids
         if type(ids) is array and _LITTLE_INT32:
             packed = ids[start:end].tobytes()  # the same bytes as packing them "<I"
         else:
             packed = struct.pack(f"<{end - start}I", *ids[start:end])
         width = 4 * block_size
-        if not hashes:
+        if hashes:
+            _chain(hashes, hashes[-1], packed, width)
+        else:
             hashes.extend(first_block_hashes(self.request.cache_salt, packed, width))
-            return
-        parent = hashes[-1]
-        sha256 = hashlib.sha256
-        for offset in range(0, len(packed), width):
-            parent = sha256(parent + packed[offset : offset + width]).digest()
-            hashes.append(parent)
 
     def key_positions(self) -> dict[bytes, int]:
         """Where each of its block keys computed so far sits in its chain (kept)."""

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from itertools import repeat
 
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest
-from dynbranch.prefix_memo import RecentPrefixes
+from dynbranch.prefix_memo import RecentPrefixesByKey
 from dynbranch.runtime.placement import PlacementPolicy
 
 BlockHash = Callable[[bytes], bytes]
@@ -120,7 +120,8 @@ class PrefixAffinity(PlacementPolicy):
         self.config = config or AffinityConfig()
         self.hash_fn = hash_fn
         self._held: list[OrderedDict[bytes, int]] = []  # per engine: block key -> last tick
-        self._recent: dict[str | None, RecentPrefixes[str, tuple[bytes, ...]]] = {}
+        self._recent: RecentPrefixesByKey[str, tuple[bytes, ...]] = RecentPrefixesByKey(
+            RECENT_PROMPTS, RECENT_SALTS)
         self._tick = 0
         self.counts = {"affinity": 0, "no_affinity": 0, "load_guard": 0}
 
@@ -134,11 +135,7 @@ class PrefixAffinity(PlacementPolicy):
         """Chained keys of the prompt's full leading blocks (at most ``max_blocks``)."""
         size = self.config.block_chars
         n = min(len(prompt) // size, self.config.max_blocks)
-        memo = self._recent.get(salt)
-        if memo is None:
-            if len(self._recent) >= RECENT_SALTS:
-                self._recent.clear()
-            memo = self._recent[salt] = RecentPrefixes(RECENT_PROMPTS)
+        memo = self._recent[salt]
         # NOTE: a key depends only on the salt and the characters up to its block's end, so
         # the blocks a recent prompt shares have that prompt's keys.
         seen, shared = memo.nearest(prompt)
