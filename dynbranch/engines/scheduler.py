@@ -89,12 +89,12 @@ def replayed_text(prompt: str, replay_text: str, max_tokens: int,
     # 41,000 characters in a 40,960-token context.)
     least_room = None if context_limit is None else context_limit - len(prompt)
     if len(replay_text) < (max_tokens if least_room is None else min(max_tokens, least_room)):
-        return replay_text
-    room = None
-    if least_room is not None and least_room < max_tokens:
-        room = context_limit - len(encode(prompt))
-    if len(replay_text) < (max_tokens if room is None else min(max_tokens, room)):
         return replay_text  # fewer pieces than the limit, whatever they are: nothing is cut
+    room = None
+    if least_room is not None and least_room < max_tokens:  # the context may cut: count
+        room = context_limit - len(encode(prompt))
+        if len(replay_text) < min(max_tokens, room):
+            return replay_text
     request = GenerateRequest("replayed", prompt, max_tokens=max_tokens, replay_text=replay_text)
     return "".join(replay_plan(request, room).pieces)
 
