@@ -15,9 +15,11 @@ from dynbranch.clock import VirtualClock
 from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateResult
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.predictors import BranchContext, make_predictor
+from dynbranch.predictors.base import EVIDENCE_KEY
 from dynbranch.predictors.drafter import (
     DrafterConfig,
     DrafterPredictor,
+    _evidence_words,
     parse_vote,
     rank_by_votes,
     render_prompt,
@@ -395,3 +397,13 @@ def test_the_prompt_holds_the_evidence_text_and_no_object_whatever_its_address()
     assert "object at" not in first and "_Index" not in first
     assert ('{"count": 2, "keyed": {"k": 2}, "nested": {"x": [1]}, "question": "Who?", '
             '"searched": ["A"], "seen": ["a", "b"]}' in first)
+
+
+def test_the_evidence_name_is_neither_prompt_nor_feature():
+    """A workload's name for its evidence (``EVIDENCE_KEY``) is not something the branch
+    says: the drafter's prompt and its word features are the same with or without it."""
+    plain = _ctx(question="Which ridge?")
+    named = _ctx(question="Which ridge?", **{EVIDENCE_KEY: ("routing", "zebra-7", ("ls",))})
+    assert render_prompt(named, NAMES, 10_000) == render_prompt(plain, NAMES, 10_000)
+    assert _evidence_words(named.evidence) == _evidence_words(plain.evidence) == {
+        "which", "ridge"}

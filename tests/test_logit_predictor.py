@@ -19,7 +19,7 @@ from dynbranch.gate import Candidate, ContentionModel, FillShape, Gate, GateConf
 from dynbranch.gate.gate import selection_arm
 from dynbranch.gate.returns import Observation
 from dynbranch.predictors import BranchContext, make_predictor
-from dynbranch.predictors.base import softmax
+from dynbranch.predictors.base import EVIDENCE_KEY, softmax
 from dynbranch.predictors.frequency import FEATURES_KEY
 from dynbranch.workflow import BranchCoordinate
 
@@ -148,6 +148,46 @@ def test_the_array_steps_equal_a_per_token_loop_to_the_bit():
             predictor.observe(ctx, chosen)
             reference.observe(cands, tokens, chosen)
     assert predictor.learnt() == {COORD_STAGE: reference.weights}
+
+
+def test_named_evidence_is_learnt_as_if_read_afresh(monkeypatch):
+    # branches whose evidence recurs under one name (a repeated request: new request id, new
+    # evidence object, same content), learnt with or without being ranked first, others
+    # learnt in between, one unhashable name, names whose evidence is offered with other
+    # candidates, and a memory small enough to forget: the predictor that remembers named
+    # branches scores and learns exactly as one that reads every branch afresh
+    monkeypatch.setattr("dynbranch.predictors.logit.NAMED_BRANCHES", 25)
+    rng = random.Random(11)
+    named, plain = make_predictor("logit"), make_predictor("logit")
+    words = [f"w{i}" for i in range(30)]
+    contents = []
+    for j in range(60):
+        candidates = tuple(dict.fromkeys(f"c{rng.randrange(20)}" for _ in range(rng.randint(1, 9))))
+        said = rng.sample(words, rng.randint(0, 6))
+        features = {c: [f"shared={rng.randrange(3)}", *(f"{w}>{c}" for w in said)]
+                    for c in candidates}
+        contents.append((("content", j) if j != 7 else ["unhashable"], candidates, features))
+    # the same evidence offering other candidates: one name, several branches
+    contents += [(n, c[::-1][:rng.randint(1, len(c))], f) for n, c, f in contents[:20]]
+    opened = []
+    for i in range(900):
+        name, candidates, features = rng.choice(contents)
+        copy = {c: list(f) for c, f in features.items()}  # fresh objects, equal content
+        ctx = BranchContext(f"r{i}", COORD, candidates,
+                            {FEATURES_KEY: copy, EVIDENCE_KEY: name})
+        bare = BranchContext(f"r{i}", COORD, candidates, {FEATURES_KEY: copy})
+        chosen = (rng.choice(candidates),)
+        if rng.random() < 0.5:
+            assert named.probabilities(ctx) == plain.probabilities(bare)
+            assert named.rank(ctx, 3) == plain.rank(bare, 3)
+        opened.append((ctx, bare, chosen))
+        if len(opened) > 4 or rng.random() < 0.4:
+            ctx, bare, chosen = opened.pop(rng.randrange(len(opened)))
+            assert named.probabilities(ctx) == plain.probabilities(bare)
+            named.observe(ctx, chosen)
+            plain.observe(bare, chosen)
+    assert named.learnt() == plain.learnt()
+    assert 0 < len(named._named) <= 25 and not plain._named
 
 
 def test_predictors_without_probabilities_report_none():

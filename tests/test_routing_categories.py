@@ -285,4 +285,25 @@ def test_router_evidence_holds_branch_time_features_only():
     assert "repeat-previous" not in second.evidence["candidate_features"]["cd"]
     assert second.evidence["candidate_features"]["<end_of_turn>"][1] == "end-after=1"
     # nothing of the resolved branch: the same features whatever the trace chose next
-    assert set(first.evidence) == {"turn", "candidate_features"}
+    assert set(first.evidence) == {"turn", "candidate_features", "evidence_key"}
+
+
+def test_router_evidence_named_alike_is_alike():
+    # every fixture request of every category, run twice from fresh instances: each name
+    # stands for one evidence, and the second run names every branch as the first did
+    named: dict = {}
+    runs = []
+    for _ in range(2):
+        keys = []
+        for request in fixture_pool(tuple(CATEGORIES)):
+            ctx, _ = run(request)
+            for point, _chosen in ctx.branches:
+                key = point.evidence["evidence_key"]
+                hash(key)
+                evidence = {k: v for k, v in point.evidence.items() if k != "evidence_key"}
+                assert named.setdefault(key, evidence) == evidence, key
+                keys.append(key)
+        runs.append(keys)
+    assert runs[0] == runs[1] and len(runs[0]) > 20
+    # different evidence, different names: what the calls so far were counts
+    assert len(named) > len(set(k[1] for k in named))

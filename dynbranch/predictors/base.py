@@ -25,6 +25,15 @@ def softmax(scores: Sequence[float]) -> list[float]:
     return [e / total for e in exps]
 
 
+EVIDENCE_KEY = "evidence_key"
+"""An optional evidence entry: a hashable value naming everything the rest of the evidence
+was built from. A workload that sets it promises that two branches at the same coordinate
+stage with equal keys carry equal evidence, so a predictor may remember what it derived from
+one branch's evidence and reuse it for the other without reading the evidence again
+(:class:`~dynbranch.predictors.logit.LogitPredictor` does). A predictor never learns from the
+key itself."""
+
+
 @dataclass(frozen=True)
 class BranchContext:
     """What a predictor may see: the branch's identity, candidates and evidence."""

@@ -58,7 +58,12 @@ from typing import Any
 
 from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateResult
 from dynbranch.engines.tokenizer import count_tokens
-from dynbranch.predictors.base import BranchContext, DraftingPredictor, softmax
+from dynbranch.predictors.base import (
+    EVIDENCE_KEY,
+    BranchContext,
+    DraftingPredictor,
+    softmax,
+)
 from dynbranch.predictors.entity import rank_entities
 from dynbranch.predictors.frequency import FEATURES_KEY
 
@@ -205,10 +210,15 @@ class ChoiceModel:
 
 
 
+_NOT_TEXT = frozenset((FEATURES_KEY, EVIDENCE_KEY))
+"""Evidence entries that are not what the branch says: the listed features (read on their
+own) and the workload's name for the evidence."""
+
+
 def _evidence_words(evidence: Mapping[str, Any], skip: Sequence[str] = ()) -> set[str]:
     words: set[str] = set()
     for key, value in evidence.items():
-        if key != FEATURES_KEY and key not in skip:
+        if key not in _NOT_TEXT and key not in skip:
             for text in _strings(value):
                 words.update(_WORD.findall(text.lower().replace("_", " ")))
     return words
@@ -249,7 +259,7 @@ def render_prompt(ctx: BranchContext, pool: Sequence[str], max_context_chars: in
     """The drafter's prompt: the branch, its evidence (the last ``max_context_chars``) and
     the candidates to choose from. The same for every sample of a branch, so an engine
     with prefix caching computes it once."""
-    evidence = _plain({k: v for k, v in ctx.evidence.items() if k != FEATURES_KEY})
+    evidence = _plain({k: v for k, v in ctx.evidence.items() if k not in _NOT_TEXT})
     text = json.dumps(evidence, sort_keys=True, ensure_ascii=False)
     text = text[-max_context_chars:] if max_context_chars else ""
     options = "\n".join(f"- {c}" for c in pool)

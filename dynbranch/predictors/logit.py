@@ -24,6 +24,13 @@ learning step is a few array operations over the branch's tokens rather than a P
 over them (a Routing router branch carries 400-1,000 tokens: its turn's words crossed with
 18 candidates). The arithmetic is the per-token loop's, operation for operation, so the
 weights are the same to the bit (``tests/test_logit_predictor.py`` compares the two).
+
+A branch whose evidence is named (:data:`~dynbranch.predictors.base.EVIDENCE_KEY`) is
+remembered after it is learnt as numbers only (:class:`_Numbered`): a later branch with the
+same name, stage and candidates (a repeated request, or one served from the store, which is
+learnt without having been ranked) is scored and learnt without reading its tokens again.
+Its tokens are all numbered by then, so the numbers are the ones a fresh reading would give
+and the arithmetic is unchanged.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from dynbranch.predictors.base import BranchContext, softmax
+from dynbranch.predictors.base import EVIDENCE_KEY, BranchContext, softmax
 from dynbranch.predictors.frequency import FEATURES_KEY, FrequencyPredictor
 
 LEARNING_RATE = 0.2
@@ -53,6 +60,11 @@ verb features since, 0.819 / 0.945, and 0.811 over every branch)."""
 KEPT_BRANCHES = 4096
 """Ranked branches whose token numbers are kept for learning (more than a replay holds open
 at once; the oldest leave first)."""
+
+NAMED_BRANCHES = 16_384
+"""Learnt branches remembered by their evidence's name (the oldest leave first). Routing's
+3,184 requests open about 10,000 distinct router branches, each about 500 token numbers
+(about 6 KB remembered)."""
 
 _UNSEEN = 0
 """The number every stage's table gives tokens it has never learnt: its weight stays 0.0."""
@@ -129,6 +141,30 @@ class _Branch:
         return [sum(values[a:b]) for a, b in self.bounds]
 
 
+class _Numbered:
+    """A learnt branch as numbers alone: its candidates, how many tokens each carries, and
+    the branch's distinct token numbers with, per token in order, where its number sits among
+    them. Every token was numbered when it was learnt, so nothing here changes afterwards.
+
+    NOTE: small, as thousands are kept: a token's number is ``unique[inverse[i]]`` rather
+    than a third array, and positions fit 16 bits (a branch has a few thousand tokens)."""
+
+    __slots__ = ("candidates", "ends", "inverse", "lengths", "unique")
+
+    def __init__(self, candidates: Sequence[str], bounds: tuple[tuple[int, int], ...],
+                 unique: np.ndarray, inverse: np.ndarray) -> None:
+        self.candidates = tuple(candidates)
+        self.unique = unique.astype(np.int32)
+        self.inverse = inverse.astype(np.uint16 if len(unique) <= 1 << 16 else np.int32)
+        self.lengths = np.array([b - a for a, b in bounds], dtype=np.int32)
+        self.ends = tuple(b for _, b in bounds)
+
+    def scores(self, table: _Table) -> list[float]:
+        values = table.weights[self.unique][self.inverse].tolist()
+        ends = self.ends
+        return [sum(values[a:b]) for a, b in zip((0, *ends[:-1]), ends, strict=True)]
+
+
 class LogitPredictor(FrequencyPredictor):
     """Ranks a branch's candidates by learned token weights at the same stage."""
 
@@ -144,14 +180,16 @@ class LogitPredictor(FrequencyPredictor):
         self._version = 0  # bumped by every learning step
         # NOTE: the last branch scored, so C2's rank and confidences calls on one branch
         # score it once; held by its evidence object (compared by identity) and version.
-        self._last: tuple[Any, Hashable, int, list[str], list[float]] | None = None
+        self._last: tuple[Any, Hashable, int, Sequence[str], list[float]] | None = None
         # NOTE: the branches ranked and not yet learnt: learning reads their tokens again.
         self._kept: dict[Hashable, _Branch] = {}
+        # NOTE: learnt branches by their evidence's name, stage and candidates
+        self._named: dict[Hashable, _Numbered] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # NOTE: what was ranked and not learnt refers to live evidence: not part of what
         # the model has learnt (the train split's model is pickled and reused).
-        return {**vars(self), "_last": None, "_kept": {}}
+        return {**vars(self), "_last": None, "_kept": {}, "_named": {}}
 
     def learnt(self) -> dict[Hashable, dict[str, float]]:
         """Stage -> token -> weight, for every token learnt."""
@@ -180,14 +218,32 @@ class LogitPredictor(FrequencyPredictor):
                 del self._kept[next(iter(self._kept))]
         return kept
 
-    def _scored(self, ctx: BranchContext) -> tuple[list[str], list[float]]:
+    @staticmethod
+    def _name(ctx: BranchContext, stage: Hashable) -> Hashable | None:
+        """What a learnt branch is remembered by: its evidence's name, stage and candidates
+        (``None``: the evidence is not named)."""
+        named = ctx.evidence.get(EVIDENCE_KEY)
+        if named is None:
+            return None
+        name = (stage, named, tuple(ctx.candidates))
+        try:
+            hash(name)
+        except TypeError:  # NOTE: a name that cannot key a dict: the branch is read afresh
+            return None
+        return name
+
+    def _scored(self, ctx: BranchContext) -> tuple[Sequence[str], list[float]]:
         stage = self._stage(ctx)
         last = self._last
         if (last is not None and last[0] is ctx.evidence and last[1] == (ctx.request_id, stage,
                 ctx.coordinate, tuple(ctx.candidates)) and last[2] == self._version):
             return last[3], last[4]
         table = self._tables.get(stage) or _Table()
-        branch = self._branch(ctx, stage, table, keep=stage in self._tables)
+        name = self._name(ctx, stage)
+        numbered = None if name is None else self._named.get(name)
+        branch: _Branch | _Numbered = (
+            self._branch(ctx, stage, table, keep=stage in self._tables)
+            if numbered is None else numbered)
         scores = branch.scores(table)
         self._last = (ctx.evidence, (ctx.request_id, stage, ctx.coordinate,
                                      tuple(ctx.candidates)), self._version, branch.candidates,
@@ -227,18 +283,33 @@ class LogitPredictor(FrequencyPredictor):
         if not taken:
             return  # nothing offered was chosen: no likelihood to raise
         table = self._table(stage)
-        branch = self._branch(ctx, stage, table, keep=False)
+        name = self._name(ctx, stage)
+        numbered = None if name is None else self._named.get(name)
+        if numbered is None:
+            branch = self._branch(ctx, stage, table, keep=False)
+            scores = branch.scores(table)
+            numbers = table.number(branch.tokens, branch.numbers)
+            unique, inverse = np.unique(numbers, return_inverse=True)
+            candidates, lengths = branch.candidates, [b - a for a, b in branch.bounds]
+            if name is not None:
+                self._named[name] = _Numbered(candidates, branch.bounds, unique, inverse)
+                if len(self._named) > NAMED_BRANCHES:
+                    del self._named[next(iter(self._named))]
+        else:
+            # NOTE: ranked when it opened, before a branch of the same name was learnt
+            self._kept.pop((ctx.request_id, stage, ctx.coordinate, tuple(ctx.candidates)), None)
+            self._named[name] = self._named.pop(name)  # the most recent leaves last
+            scores = numbered.scores(table)
+            candidates, lengths = numbered.candidates, numbered.lengths
+            unique, inverse = numbered.unique, numbered.inverse
         target = 1.0 / len(taken)
         residuals = [(target if c in taken else 0.0) - p
-                     for c, p in zip(branch.candidates, softmax(branch.scores(table)),
-                                     strict=True)]
-        numbers = table.number(branch.tokens, branch.numbers)
+                     for c, p in zip(candidates, softmax(scores), strict=True)]
         # NOTE: a token's gradient is the sum of the residuals of the candidates carrying
         # it, added in candidate order from 0.0 (bincount adds its weights in input order);
         # then the AdaGrad step with its L2 term, elementwise, in the per-token loop's order
         # of operations: g - l2*w; s + g*g; w + (rate*g)/sqrt(s).
-        unique, inverse = np.unique(numbers, return_inverse=True)
-        spread = np.repeat(residuals, [b - a for a, b in branch.bounds])
+        spread = np.repeat(residuals, lengths)
         g = np.bincount(inverse, weights=spread, minlength=len(unique))
         w = table.weights[unique]
         g -= self.l2 * w

@@ -29,6 +29,7 @@ from typing import Any
 from dynbranch.canonical import freeze
 from dynbranch.decode_lengths import RECORDED, DecodeModel, decision_of
 from dynbranch.errors import ToolCallError
+from dynbranch.predictors.base import EVIDENCE_KEY
 from dynbranch.predictors.frequency import FEATURES_KEY
 from dynbranch.workflow import BranchCoordinate, BranchPoint, RenderedInput
 from dynbranch.workload import RequestInstance, StageContext, Tool
@@ -246,6 +247,12 @@ class RoutingRequest(RequestInstance):
         0.898 -> 0.904; ``table2``'s Routing c2 captured 0.78 / 0.71 / 0.76 over seeds 0-2
         (0.76 / 0.73 / 0.75 without). A token for the functions called in earlier turns added
         nothing (0.773).
+
+        The evidence is named (:data:`~dynbranch.predictors.base.EVIDENCE_KEY`) by what it is
+        read from: the record, the turn and the functions called so far in it. A repeated
+        request's branches then carry their first occurrence's name, and the logit predictor
+        learns them without reading their several hundred tokens again (a 4,000-request
+        Routing replay of ``full``: 54.6 -> 47.3 s wall, rows identical).
         """
         previous = _name(executed[-1].call) if executed else "<turn start>"
         after = f"verb:{_verb(previous) if executed else '<turn start>'}->"
@@ -273,7 +280,10 @@ class RoutingRequest(RequestInstance):
                         listed.append("repeat-previous")
                 listed.extend([w + c for w in ordered])
             features[c] = listed
-        return {"turn": turn, FEATURES_KEY: features}
+        # NOTE: everything above is read from the record, the turn and the calls so far
+        return {"turn": turn, FEATURES_KEY: features,
+                EVIDENCE_KEY: (WORKFLOW, self.record.id, turn,
+                               tuple(_name(c.call) for c in executed))}
 
     def _doc_words(self, name: str) -> frozenset[str]:
         """Content words (first four letters) of a function's description."""
