@@ -21,9 +21,9 @@ import asyncio
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 from typing import Any
 
 from dynbranch.canonical import freeze
@@ -58,6 +58,49 @@ def _frozen(value: dict[str, Any]) -> Mapping[str, Any]:
 def _message(role: str, content: Any) -> Mapping[str, Any]:
     """One conversation message (frozen where it can be)."""
     return _frozen({"role": role, "content": content})
+
+
+class RouterEvidence(Mapping[str, Any]):
+    """A router branch's evidence: ``turn``, the candidates' features
+    (:data:`~dynbranch.predictors.frequency.FEATURES_KEY`) and its name
+    (:data:`~dynbranch.predictors.base.EVIDENCE_KEY`).
+
+    The name is what the features are read from: the record, the turn and the functions
+    called so far in it. A repeated request's branches carry their first occurrence's name,
+    and the logit predictor learns them from what it kept of that one, so the features,
+    several hundred strings, are built only when first read (``build``, which must not
+    depend on anything that changes later). Pickled as the plain dict it reads as."""
+
+    __slots__ = ("_build", "_features", "_name", "_turn")
+
+    def __init__(self, turn: str, name: Hashable, build: Callable[[], dict[str, list[str]]]
+                 ) -> None:
+        self._turn, self._name = turn, name
+        self._build: Callable[[], dict[str, list[str]]] | None = build
+        self._features: dict[str, list[str]] | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key == FEATURES_KEY:
+            if self._build is not None:
+                self._features, self._build = self._build(), None
+            return self._features
+        if key == "turn":
+            return self._turn
+        if key == EVIDENCE_KEY:
+            return self._name
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("turn", FEATURES_KEY, EVIDENCE_KEY))
+
+    def __len__(self) -> int:
+        return 3
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"RouterEvidence({dict(self)!r})"
 
 
 @dataclass(frozen=True)
@@ -215,9 +258,17 @@ class RoutingRequest(RequestInstance):
         self._open.pop(coordinate, None)
         return chosen
 
-    def _evidence(self, turn: str, executed: Sequence[ExecutedCall]) -> dict[str, Any]:
+    def _evidence(self, turn: str, executed: Sequence[ExecutedCall]) -> RouterEvidence:
         """What a predictor may know at the router's branch: the user's turn and the
-        functions offered (what the router itself reads) and the calls made so far.
+        functions offered (what the router itself reads) and the calls made so far
+        (:meth:`_features`), named by what it is read from (:class:`RouterEvidence`)."""
+        names = tuple(_name(c.call) for c in executed)
+        return RouterEvidence(turn, (WORKFLOW, self.record.id, turn, names),
+                              partial(self._features, turn, names))
+
+    def _features(self, turn: str, called_names: tuple[str, ...]) -> dict[str, list[str]]:
+        """Each candidate's features at a router branch of ``turn`` after ``called_names``
+        (this turn's calls so far, in order).
 
         Each candidate gets features the frequency predictor pools across records (their
         pick rates generalise, unlike a function's own name):
@@ -247,17 +298,11 @@ class RoutingRequest(RequestInstance):
         0.898 -> 0.904; ``table2``'s Routing c2 captured 0.78 / 0.71 / 0.76 over seeds 0-2
         (0.76 / 0.73 / 0.75 without). A token for the functions called in earlier turns added
         nothing (0.773).
-
-        The evidence is named (:data:`~dynbranch.predictors.base.EVIDENCE_KEY`) by what it is
-        read from: the record, the turn and the functions called so far in it. A repeated
-        request's branches then carry their first occurrence's name, and the logit predictor
-        learns them without reading their several hundred tokens again (a 4,000-request
-        Routing replay of ``full``: 54.6 -> 47.3 s wall, rows identical).
         """
-        previous = _name(executed[-1].call) if executed else "<turn start>"
-        after = f"verb:{_verb(previous) if executed else '<turn start>'}->"
+        previous = called_names[-1] if called_names else "<turn start>"
+        after = f"verb:{_verb(previous) if called_names else '<turn start>'}->"
         said = {w[:4] for w in re.findall(r"[a-z0-9]+", turn.lower()) if len(w) >= 3}
-        called = {_name(c.call) for c in executed}
+        called = set(called_names)
         doc = {c: len(self._doc_words(c) & said) for c in self.candidates if c != END_OF_TURN}
         best = max(doc.values(), default=0)
         features = {}
@@ -265,7 +310,7 @@ class RoutingRequest(RequestInstance):
         for c in self.candidates:
             listed = [f"{previous} -> {c}"]
             if c == END_OF_TURN:
-                end = f"end-after={min(len(executed), 3)}"
+                end = f"end-after={min(len(called_names), 3)}"
                 listed.append(end)
                 listed.extend([w + end for w in ordered])
             else:
@@ -280,10 +325,7 @@ class RoutingRequest(RequestInstance):
                         listed.append("repeat-previous")
                 listed.extend([w + c for w in ordered])
             features[c] = listed
-        # NOTE: everything above is read from the record, the turn and the calls so far
-        return {"turn": turn, FEATURES_KEY: features,
-                EVIDENCE_KEY: (WORKFLOW, self.record.id, turn,
-                               tuple(_name(c.call) for c in executed))}
+        return features
 
     def _doc_words(self, name: str) -> frozenset[str]:
         """Content words (first four letters) of a function's description."""
