@@ -121,6 +121,17 @@ class _PerTokenLogit:
             self.weights[t] = w + self.lr * g / math.sqrt(sq)
 
 
+def _offer(rng: random.Random, words: list[str], functions: int, most: int, said: int
+           ) -> tuple[tuple[str, ...], dict[str, list[str]]]:
+    """Random candidates (up to ``most`` of ``functions``) with features: a token some
+    share, and each of up to ``said`` words crossed with the candidate."""
+    candidates = tuple(dict.fromkeys(f"c{rng.randrange(functions)}"
+                                     for _ in range(rng.randint(1, most))))
+    spoken = rng.sample(words, rng.randint(0, said))
+    return candidates, {c: [f"shared={rng.randrange(3)}", *(f"{w}>{c}" for w in spoken)]
+                        for c in candidates}
+
+
 def test_the_array_steps_equal_a_per_token_loop_to_the_bit():
     # random branches whose candidates share some tokens and not others, ranked before
     # they are learnt and interleaved (other branches learnt between), multi-valued too
@@ -128,10 +139,7 @@ def test_the_array_steps_equal_a_per_token_loop_to_the_bit():
     words = [f"w{i}" for i in range(40)]
     opened = []
     for i in range(600):
-        candidates = tuple(dict.fromkeys(f"c{rng.randrange(30)}" for _ in range(rng.randint(1, 12))))
-        said = rng.sample(words, rng.randint(0, 8))
-        features = {c: [f"shared={rng.randrange(3)}", *(f"{w}>{c}" for w in said)]
-                    for c in candidates}
+        candidates, features = _offer(rng, words, 30, 12, 8)
         ctx = BranchContext(f"r{i}", COORD, candidates, {FEATURES_KEY: features})
         chosen = tuple(rng.sample(candidates, min(len(candidates), rng.choice((1, 1, 1, 2)))))
         if rng.random() < 0.1:
@@ -162,10 +170,7 @@ def test_named_evidence_is_learnt_as_if_read_afresh(monkeypatch):
     words = [f"w{i}" for i in range(30)]
     contents = []
     for j in range(60):
-        candidates = tuple(dict.fromkeys(f"c{rng.randrange(20)}" for _ in range(rng.randint(1, 9))))
-        said = rng.sample(words, rng.randint(0, 6))
-        features = {c: [f"shared={rng.randrange(3)}", *(f"{w}>{c}" for w in said)]
-                    for c in candidates}
+        candidates, features = _offer(rng, words, 20, 9, 6)
         contents.append((("content", j) if j != 7 else ["unhashable"], candidates, features))
     # the same evidence offering other candidates: one name, several branches
     contents += [(n, c[::-1][:rng.randint(1, len(c))], f) for n, c, f in contents[:20]]
