@@ -11,8 +11,11 @@ promoted handler and zero unsafe splices on a 100-request ``full`` replay.
 
 from __future__ import annotations
 
+import gc
 import os
+import pickle
 import re
+import weakref
 from pathlib import Path
 
 import pandas as pd
@@ -307,3 +310,17 @@ def test_router_evidence_named_alike_is_alike():
     assert runs[0] == runs[1] and len(runs[0]) > 20
     # different evidence, different names: what the calls so far were counts
     assert len(named) > len(set(k[1] for k in named))
+
+
+def test_router_evidence_never_read_keeps_no_request_alive():
+    # a branch decided by C1 and learnt from a kept branch never reads its features: its
+    # evidence outlives the request (held by the predictor's last branch, a branch log) and
+    # must not hold the request's API instances and conversation
+    request = by_record(fixture_pool(("multi_turn_base",), "recorded"), "multi_turn_base_1")
+    evidence = request._evidence(request.record.turns[0], [])
+    alive = weakref.ref(request)
+    del request
+    gc.collect()
+    assert alive() is None
+    assert pickle.loads(pickle.dumps(evidence)) == dict(evidence)
+    assert set(evidence["candidate_features"]) >= {"ls", "<end_of_turn>"}

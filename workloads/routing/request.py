@@ -170,6 +170,13 @@ def _description_words(description: str) -> frozenset[str]:
                      if len(w) >= 4 and w not in _DOC_STOPWORDS)
 
 
+def _doc_words(record: Record, name: str) -> frozenset[str]:
+    """Content words (first four letters) of the description of ``record``'s function
+    ``name``."""
+    doc = record.doc(name) or {}
+    return _description_words(str(doc.get("description", "")))
+
+
 class RoutingRequest(RequestInstance):
     """A request built from one BFCL record, with its own API instances."""
 
@@ -263,12 +270,16 @@ class RoutingRequest(RequestInstance):
         functions offered (what the router itself reads) and the calls made so far
         (:meth:`_features`), named by what it is read from (:class:`RouterEvidence`)."""
         names = tuple(_name(c.call) for c in executed)
+        # NOTE: the build holds the record and the candidates, not this request: an evidence
+        # never read must not keep a finished request's state alive
         return RouterEvidence(turn, (WORKFLOW, self.record.id, turn, names),
-                              partial(self._features, turn, names))
+                              partial(self._features, self.record, self.candidates, turn, names))
 
-    def _features(self, turn: str, called_names: tuple[str, ...]) -> dict[str, list[str]]:
-        """Each candidate's features at a router branch of ``turn`` after ``called_names``
-        (this turn's calls so far, in order).
+    @staticmethod
+    def _features(record: Record, candidates: tuple[str, ...], turn: str,
+                  called_names: tuple[str, ...]) -> dict[str, list[str]]:
+        """Each of ``candidates``' features at a router branch of ``record``'s ``turn`` after
+        ``called_names`` (this turn's calls so far, in order).
 
         Each candidate gets features the frequency predictor pools across records (their
         pick rates generalise, unlike a function's own name):
@@ -303,11 +314,11 @@ class RoutingRequest(RequestInstance):
         after = f"verb:{_verb(previous) if called_names else '<turn start>'}->"
         said = {w[:4] for w in re.findall(r"[a-z0-9]+", turn.lower()) if len(w) >= 3}
         called = set(called_names)
-        doc = {c: len(self._doc_words(c) & said) for c in self.candidates if c != END_OF_TURN}
+        doc = {c: len(_doc_words(record, c) & said) for c in candidates if c != END_OF_TURN}
         best = max(doc.values(), default=0)
         features = {}
         ordered = [f"word:{w}>" for w in sorted(said)]  # NOTE: once, not once per candidate
-        for c in self.candidates:
+        for c in candidates:
             listed = [f"{previous} -> {c}"]
             if c == END_OF_TURN:
                 end = f"end-after={min(len(called_names), 3)}"
@@ -326,11 +337,6 @@ class RoutingRequest(RequestInstance):
                 listed.extend([w + c for w in ordered])
             features[c] = listed
         return features
-
-    def _doc_words(self, name: str) -> frozenset[str]:
-        """Content words (first four letters) of a function's description."""
-        doc = self.record.doc(name) or {}
-        return _description_words(str(doc.get("description", "")))
 
     def _parse_route(self, text: str, outcome: RoutingOutcome) -> list[str]:
         """The record's function names in the router's output; the rest is ignored (and kept).
