@@ -30,6 +30,7 @@ from dynbranch.workload import DataConfig, RequestInstance
 from tests.toy import KEYS, ToyRequest
 from workloads.analysis.drafter import drafter_accuracy
 from workloads.analysis.trace import trace_request
+from workloads.routing.request import RouterEvidence
 
 NAMES = ("alpha", "beta", "gamma", "delta")
 
@@ -407,3 +408,11 @@ def test_the_evidence_name_is_neither_prompt_nor_feature():
     assert render_prompt(named, NAMES, 10_000) == render_prompt(plain, NAMES, 10_000)
     assert _evidence_words(named.evidence) == _evidence_words(plain.evidence) == {
         "which", "ridge"}
+    # nor does either read the features, which a workload may build only when asked
+    def unread() -> dict:
+        raise AssertionError("the features were built")
+
+    lazy = BranchContext("r", BranchCoordinate("routing", "router", 0), NAMES,
+                         RouterEvidence("Which ridge?", ("routing", "r", ()), unread))
+    assert "Which ridge?" in render_prompt(lazy, NAMES, 10_000)
+    assert _evidence_words(lazy.evidence) == {"which", "ridge"}

@@ -217,9 +217,9 @@ own) and the workload's name for the evidence."""
 
 def _evidence_words(evidence: Mapping[str, Any], skip: Sequence[str] = ()) -> set[str]:
     words: set[str] = set()
-    for key, value in evidence.items():
+    for key in evidence:  # NOTE: by key, so features built when read are not built here
         if key not in _NOT_TEXT and key not in skip:
-            for text in _strings(value):
+            for text in _strings(evidence[key]):
                 words.update(_WORD.findall(text.lower().replace("_", " ")))
     return words
 
@@ -259,7 +259,7 @@ def render_prompt(ctx: BranchContext, pool: Sequence[str], max_context_chars: in
     """The drafter's prompt: the branch, its evidence (the last ``max_context_chars``) and
     the candidates to choose from. The same for every sample of a branch, so an engine
     with prefix caching computes it once."""
-    evidence = _plain({k: v for k, v in ctx.evidence.items() if k not in _NOT_TEXT})
+    evidence = _plain({k: ctx.evidence[k] for k in ctx.evidence if k not in _NOT_TEXT})
     text = json.dumps(evidence, sort_keys=True, ensure_ascii=False)
     text = text[-max_context_chars:] if max_context_chars else ""
     options = "\n".join(f"- {c}" for c in pool)
