@@ -215,6 +215,34 @@ class _Optimism:
         return quantile_upper_bound(self.alpha, self.beta, self.level)
 
 
+class _LastPrice:
+    """A contention model that remembers its last price.
+
+    A branch's candidates are the same stage's fills: they share one fill shape (in a
+    Routing ``full`` replay every one of 1,942 branches had one shape), so at one load they
+    share one price, which :meth:`ContentionModel.price_ms` would otherwise work out again
+    for each of a router branch's 18 candidates. The price is a function of the shape's
+    values and the view: an equal shape at the same view object is the same price.
+    """
+
+    __slots__ = ("_fill", "_price", "_view", "model")
+
+    def __init__(self, model: ContentionModel) -> None:
+        self.model = model
+        self._fill: FillShape | None = None
+        self._view: LoadView | None = None
+        self._price = 0.0
+
+    def price_ms(self, fill: FillShape, view: LoadView) -> float:
+        if view is not self._view or not (fill is self._fill or fill == self._fill):
+            self._fill, self._view = fill, view
+            self._price = self.model.price_ms(fill, view)
+        return self._price
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
 @dataclass
 class _SelArm:
     """pi_sel at one (stage_key, rank), and how many admission decisions read it."""
@@ -337,9 +365,12 @@ class Gate:
         returns the load the candidates left pending were last priced at."""
         decided: dict[str, Admission] = {}
         pending, admitted = list(candidates), []
+        scores: dict[str, Score] = {}  # NOTE: the pending candidates' scores at ``view``
+        prices = _LastPrice(self.model)
         while pending and len(admitted) < self.config.fanout:
+            scores = {c.name: self._score(c, probs, view, prices=prices) for c in pending}
             ranked = sorted(
-                ((self._score(c, probs, view), c) for c in pending),
+                ((scores[c.name], c) for c in pending),
                 # NOTE: passing candidates first (for a fixed threshold, passing is not
                 # implied by utility), then by utility, rank and name for a total order.
                 key=lambda sc: (not sc[0].passes, -sc[0].utility_ms, sc[1].rank, sc[1].name),
@@ -359,8 +390,11 @@ class Gate:
                 break
             admitted.append(chosen)
             view = self._project(view, chosen)
+            scores = {}
         for c in pending:  # priced at the final projected load
-            score = self._score(c, probs, view)
+            # NOTE: a score depends on the candidate and the load only, so one ranked at
+            # this load (nothing admitted since) is not scored again
+            score = scores.get(c.name) or self._score(c, probs, view, prices=prices)
             reason = FANOUT if score.passes else self._policy.refusal
             decided[c.name] = self._admission(c, probs, score, reason, None)
         return decided, admitted, view
@@ -400,9 +434,10 @@ class Gate:
         refused = [c for c in candidates if decided[c.name].reason == self._policy.refusal]
         if not refused or not self._draw(rate) or len(admitted) >= self.config.fanout:
             return
+        prices = _LastPrice(self.model)
         for r in refused:  # NOTE: the closest to passing by the solved quantiles, not bounds
             if decided[r.name].bounded:
-                score = self._score(r, probs, final, solve=True)
+                score = self._score(r, probs, final, solve=True, prices=prices)
                 decided[r.name] = self._admission(r, probs, score, decided[r.name].reason, None)
         c = max(refused, key=lambda r: (decided[r.name].utility_ms, -r.rank))
         receipt = self._reserve(coordinate, c, admitted, now)
@@ -427,7 +462,8 @@ class Gate:
         return _Optimism(arm.posterior, level, self._use_posterior(c.stage_key).mean)
 
     def _score(self, c: Candidate, probs: dict[str, _Optimism], view: LoadView, *,
-               solve: bool = False) -> Score:
+               solve: bool = False, prices: ContentionModel | _LastPrice | None = None
+               ) -> Score:
         """The candidate's score at ``view``.
 
         NOTE: a policy's verdict only rises with p (its utility's slope in p is
@@ -440,14 +476,19 @@ class Gate:
         this way: in a Routing ``full`` replay at 4 req/s, 3.7 % of the candidates' quantiles
         were solved over 1,000 requests and 11.8 % over 4,000 (the bound widens as log t);
         the replay ran 10 % faster at 1,000 requests and 3 % at 10,000 (side by side).
+
+        ``prices`` is the model to price with (default :attr:`model`): the loops over one
+        branch's candidates pass a :class:`_LastPrice` over it.
         """
         o = probs[c.name]
+        model = self.model if prices is None else prices
         if not (solve or o.solved):
             score = self._policy.score(o.p_sel_bound() * o.p_use, c.gain_ms, c.shape, view,
-                                       self.model)
+                                       model)  # type: ignore[arg-type]
             if not score.passes:
                 return score
-        return self._policy.score(o.p_sel * o.p_use, c.gain_ms, c.shape, view, self.model)
+        return self._policy.score(o.p_sel * o.p_use, c.gain_ms, c.shape, view,
+                                  model)  # type: ignore[arg-type]
 
     def _admission(
         self,
