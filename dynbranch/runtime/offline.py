@@ -28,6 +28,11 @@ Generate = Callable[[GenerateRequest], Awaitable[str]]
 
 async def replay_generate(request: GenerateRequest) -> str:
     """The text a replay engine emits for ``request`` (raises ``EngineError`` without one)."""
+    text = request.replay_text
+    if text is not None and len(text) < request.max_tokens:
+        # NOTE: a piece covers at least one character, so a text of fewer characters than
+        # ``max_tokens`` has fewer pieces: nothing is cut, and it need not be tokenized
+        return text
     return "".join(replay_plan(request).pieces)
 
 
