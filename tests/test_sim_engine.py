@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynbranch.clock import VirtualClock
+from dynbranch.clock import RealClock, VirtualClock
 from dynbranch.engines import ENGINE_KINDS, make_engine
 from dynbranch.engines.profile import (
     Profile,
@@ -660,6 +660,23 @@ def test_zero_engine_takes_no_time() -> None:
     assert now == 0.0 and replayed.engine_s == 0.0
     assert (replayed.text, replayed.finish_reason) == ("x y z", "length")
     assert (empty.text, empty.finish_reason) == ("", "stop")
+
+
+def test_zero_engine_reports_its_own_work_on_the_real_clock() -> None:
+    """On the real clock the call's ``engine_s`` is the time the engine took to cut the text
+    and count the prompt (what the overhead benchmark subtracts); it is not queued."""
+    prompt = " ".join(f"word{i} ({i}), " for i in range(5_000))  # new text: encoded afresh
+
+    async def main() -> GenerateResult:
+        engine = ZeroEngine(RealClock())
+        await engine.start()
+        return await engine.generate(GenerateRequest("a", prompt, 8, replay_text="x y z"))
+
+    result = RealClock().run(main())
+    assert result.prompt_tokens == count_tokens(prompt)
+    assert result.first_scheduled_at == result.arrived_at  # nothing queues
+    assert result.finished_at == result.first_token_at > result.arrived_at
+    assert result.engine_s == result.finished_at - result.arrived_at > 0.0
 
 
 @settings(max_examples=50, deadline=None)

@@ -1,8 +1,12 @@
 """The zero-duration engine: replays text at once, to measure orchestration overhead.
 
-Every call returns in the same clock instant it arrives, with the text a sim engine would
-emit for it (the replay text, cut at ``max_tokens`` the same way) or an empty string when the
-request carries none. With this engine, a replay's latency is the orchestrator's own.
+Every call returns as soon as it has its text, with the text a sim engine would emit for it
+(the replay text, cut at ``max_tokens`` the same way) or an empty string when the request
+carries none. With this engine, a replay's latency is the orchestrator's own, and the little
+the engine does itself (cutting the text and counting the prompt's tokens) is what its result
+reports as ``engine_s``: nothing on the virtual clock, the real time it took on the real
+clock. So the orchestration overhead of a stage is its duration less its ``engine_s``, on
+either backend (``scripts/bench_overhead.py``).
 """
 
 from __future__ import annotations
@@ -39,29 +43,31 @@ class ZeroEngine(Engine):
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         if not self._started or self._closed:
             raise EngineError(f"engine {self.engine_id} is not running (start() it first)")
-        plan = _EMPTY if request.replay_text is None else replay_plan(request)
         now = self.clock.now()
+        plan = _EMPTY if request.replay_text is None else replay_plan(request)
         text = "".join(plan.pieces)
+        # NOTE: counted through the encoder that reuses a shared prefix's pieces (the same
+        # count): this engine is to leave the engine's own work out, and counting a Routing
+        # prompt from scratch took 272 us on average, against 137 us so.
+        prompt_tokens = len(encode_array(request.prompt))
+        done = self.clock.now()  # NOTE: later than ``now`` on the real clock only
         result = GenerateResult(
             request_id=request.request_id,
             text=text,
-            # NOTE: counted through the encoder that reuses a shared prefix's pieces (the
-            # same count): this engine is to leave the engine's own work out, and counting
-            # a Routing prompt from scratch took 272 us on average, against 137 us so.
-            prompt_tokens=len(encode_array(request.prompt)),
+            prompt_tokens=prompt_tokens,
             output_tokens=len(plan.token_ids),
             cached_prompt_tokens=0,
             finish_reason=plan.finish_reason,
             arrived_at=now,
             first_scheduled_at=now,
-            first_token_at=now,
-            finished_at=now,
+            first_token_at=done,
+            finished_at=done,
             engine_id=self.engine_id,
         )
         yield GenerateChunk(request.request_id, text, result)
 
     async def abort(self, request_id: str) -> bool:
-        # NOTE: a call finishes in the instant it arrives, so none is ever in flight.
+        # NOTE: a call finishes without suspending, so none is ever in flight.
         return False
 
     def load(self) -> LoadSnapshot:
