@@ -10,10 +10,11 @@ running its own tree's code (``python -m dynbranch replay`` from the tree's root
 machine's speed drifts by a fifth within an hour, so a speed change is only read against the
 other tree's run next to it, never against a figure from another time.
 
-Prints per run the wall seconds, simulated seconds per wall second and peak RSS, and whether
-the first pair's request, stage and branch rows are identical (every column but wall-clock
-ones); writes the same to ``DIR/pairs.json``. A speed change that is meant to change nothing
-else must print ``identical``.
+Prints per run the wall seconds, simulated seconds per wall second, the process's CPU seconds
+(start-up and writing the results included: steadier than wall time on a shared machine) and
+peak RSS, and whether the first pair's request, stage and branch rows are identical (every
+column but wall-clock ones); writes the same to ``DIR/pairs.json``. A speed change that is
+meant to change nothing else must print ``identical``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def replay(tree: Path, out: Path, args: argparse.Namespace, data_dir: Path | Non
     summary = json.loads((out / "summary.json").read_text())
     return {"wall_s": summary["wall_s"], "sim_s_per_wall_s": summary["sim_s_per_wall_s"],
             "mean_latency_s": summary["mean_latency_s"], "completed": summary["completed"],
-            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 2)}
 
 
 def compare(a: Path, b: Path) -> dict[str, str]:
@@ -105,6 +107,7 @@ def main() -> None:
                     runs.append({"pair": i + 1, "side": side, **got})
                     print(f"pair {i + 1} {side}: {got['wall_s']:.1f} s wall, "
                           f"{got['sim_s_per_wall_s']:.1f} simulated s per wall s, "
+                          f"{got['cpu_s']:.1f} CPU s (the whole process), "
                           f"peak RSS {got['peak_rss_mb']:.0f} MB, "
                           f"mean latency {got['mean_latency_s']:.6f} s", flush=True)
             verdict = compare(out / "base_1", out / "head_1")
