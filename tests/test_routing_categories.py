@@ -11,6 +11,7 @@ promoted handler and zero unsafe splices on a 100-request ``full`` replay.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import pickle
@@ -310,6 +311,31 @@ def test_router_evidence_named_alike_is_alike():
     assert runs[0] == runs[1] and len(runs[0]) > 20
     # different evidence, different names: what the calls so far were counts
     assert len(named) > len(set(k[1] for k in named))
+
+
+def test_router_features_kept_per_turn_are_those_built_afresh():
+    # a turn's router branches share what does not depend on the calls made so far
+    # (_TurnFeatures); every branch's features must be what a build with nothing kept gives
+    from workloads.routing import request as routing
+
+    seen = []
+    for request in fixture_pool(tuple(CATEGORIES)):
+        ctx, _ = run(request)
+        for point, _chosen in ctx.branches:
+            _workflow, _record, turn, names = point.evidence["evidence_key"]
+            seen.append((request, turn, names, point.evidence["candidate_features"]))
+    assert len({(r.record.id, t) for r, t, _, _ in seen}) < len(seen)  # turns did repeat
+    for request, turn, names, features in seen:
+        routing._TURNS.clear()
+        afresh = routing.RoutingRequest._features(request.record, request.candidates, turn,
+                                                  names)
+        assert features == afresh, (request.record.id, turn, names)
+    # kept for one record object only: an equal id on another record is built again
+    request, turn = seen[0][0], seen[0][1]
+    kept = routing._TurnFeatures.of(request.record, request.candidates, turn)
+    assert routing._TurnFeatures.of(request.record, request.candidates, turn) is kept
+    other = dataclasses.replace(request.record)
+    assert routing._TurnFeatures.of(other, request.candidates, turn).record is other
 
 
 def test_router_evidence_never_read_keeps_no_request_alive():
