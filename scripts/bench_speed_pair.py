@@ -10,6 +10,11 @@ running its own tree's code (``python -m dynbranch replay`` from the tree's root
 machine's speed drifts by a fifth within an hour, so a speed change is only read against the
 other tree's run next to it, never against a figure from another time.
 
+``--together`` runs each pair's two replays at the same time instead, one per core: both then
+see the same spell of the machine, which alternating runs minutes apart do not (on this 2-core
+machine one tree ran the same replay in 100 s and in 155 s within the hour). Run nothing else
+beside them.
+
 Prints per run the wall seconds, simulated seconds per wall second, the process's CPU seconds
 (start-up and writing the results included: steadier than wall time on a shared machine) and
 peak RSS, and whether the first pair's request, stage and branch rows are identical (every
@@ -45,6 +50,12 @@ def worktree(rev: str, where: Path) -> Path:
 
 def replay(tree: Path, out: Path, args: argparse.Namespace, data_dir: Path | None) -> dict:
     """One replay in ``tree``'s code; its summary's speed figures and the process's peak RSS."""
+    return finish(start(tree, out, args, data_dir), tree, out)
+
+
+def start(tree: Path, out: Path, args: argparse.Namespace,
+          data_dir: Path | None) -> subprocess.Popen:
+    """Start one replay in ``tree``'s code, writing to ``out`` (see :func:`finish`)."""
     cmd = [sys.executable, "-m", "dynbranch", "replay", "--workload", "routing",
            "--arm", args.arm, "--backend", "local", "--clock", "virtual",
            "--rate", str(args.rate), "--requests", str(args.requests), "--out", str(out),
@@ -52,10 +63,17 @@ def replay(tree: Path, out: Path, args: argparse.Namespace, data_dir: Path | Non
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     env = {**os.environ, "PYTHONPATH": str(tree)}  # NOTE: this tree's code, not an install
-    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    stderr = proc.stderr.read() if proc.stderr else ""
+    # NOTE: stderr to a file, not a pipe: two replays at once must not block on full pipes
+    with (out.parent / f".{out.name}.stderr").open("w") as log:
+        return subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def finish(proc: subprocess.Popen, tree: Path, out: Path) -> dict:
+    """Wait for a replay :func:`start` began; its speed figures and the process's peak RSS."""
     _pid, status, usage = os.wait4(proc.pid, 0)
+    log = out.parent / f".{out.name}.stderr"
+    stderr = log.read_text() if log.exists() else ""
+    log.unlink(missing_ok=True)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"replay in {tree} failed ({proc.returncode}):\n{stderr[-2000:]}")
@@ -64,6 +82,16 @@ def replay(tree: Path, out: Path, args: argparse.Namespace, data_dir: Path | Non
             "mean_latency_s": summary["mean_latency_s"], "completed": summary["completed"],
             "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 2)}
+
+
+def run_pair(trees: dict[str, Path], out: Path, pair: int, args: argparse.Namespace,
+             data_dir: Path | None) -> list[tuple[str, dict]]:
+    """One pair's replays, base then head, or both at once (``--together``)."""
+    where = {side: out / f"{side}_{pair}" for side in ("base", "head")}
+    if not args.together:
+        return [(side, replay(trees[side], where[side], args, data_dir)) for side in where]
+    procs = {side: start(trees[side], where[side], args, data_dir) for side in where}
+    return [(side, finish(procs[side], trees[side], where[side])) for side in where]
 
 
 def compare(a: Path, b: Path) -> dict[str, str]:
@@ -90,6 +118,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--arm", default="full")
     ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--together", action="store_true",
+                    help="run each pair's two replays at the same time, one per core")
     ap.add_argument("--out", type=Path, default=None, help="where runs and pairs.json go")
     args = ap.parse_args()
     data_dir = resolve_data_dir(None)
@@ -102,14 +132,15 @@ def main() -> None:
         try:
             runs: list[dict] = []
             for i in range(args.pairs):
-                for side in ("base", "head"):
-                    got = replay(trees[side], out / f"{side}_{i + 1}", args, data_dir)
+                for side, got in run_pair(trees, out, i + 1, args, data_dir):
                     runs.append({"pair": i + 1, "side": side, **got})
                     print(f"pair {i + 1} {side}: {got['wall_s']:.1f} s wall, "
                           f"{got['sim_s_per_wall_s']:.1f} simulated s per wall s, "
                           f"{got['cpu_s']:.1f} CPU s (the whole process), "
                           f"peak RSS {got['peak_rss_mb']:.0f} MB, "
                           f"mean latency {got['mean_latency_s']:.6f} s", flush=True)
+                base_s, head_s = (r["cpu_s"] for r in runs[-2:])
+                print(f"pair {i + 1}: head / base CPU seconds {head_s / base_s:.3f}", flush=True)
             verdict = compare(out / "base_1", out / "head_1")
         finally:
             for tree in trees.values():
@@ -120,6 +151,7 @@ def main() -> None:
             print(f"{table}: {said}")
         report = {"base": args.base, "head": args.head or "working tree",
                   "requests": args.requests, "rate": args.rate, "arm": args.arm,
+                  "together": args.together,
                   "runs": runs, "rows": verdict}
         (out / "pairs.json").write_text(json.dumps(report, indent=1) + "\n")
         if args.out is not None:
