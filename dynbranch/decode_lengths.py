@@ -174,14 +174,7 @@ def _inv_norm_cdf(p: float) -> float:
         (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
 
 
-FILLER_TEXTS = 1 << 15
-"""Reasoning texts :func:`filler` keeps. NOTE: a 10,000-request Routing replay asks for 20,888
-distinct ones (58,692 calls; 17.9 M characters in all): a stream of 3,184 distinct requests
-asks again for each when the request recurs, and the splice audit asks for every served
-stage's, so a smaller memory forgot them before they recurred."""
-
-
-@functools.lru_cache(maxsize=FILLER_TEXTS)
+@functools.lru_cache(maxsize=4096)
 def filler(tokens: int, seed: int) -> str:
     """``tokens`` tokens of deterministic reasoning-like text (one word per token under the
     sim tokenizer stand-in), fixed by ``seed``."""

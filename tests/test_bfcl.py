@@ -396,60 +396,6 @@ def test_requests_have_their_own_api_state():
     assert same[1].state.versions["GorillaFileSystem"] == 0
 
 
-
-def test_a_repeated_record_shares_its_ground_truth_and_messages(monkeypatch):
-    """Requests of one stream that repeat a record score against one ground-truth run and
-    carry the same frozen messages, and score and render exactly as fresh requests do."""
-    import workloads.routing.request as request_mod
-
-    runs = Counter()
-    truth_run = request_mod.ground_truth_run
-
-    def counted(record, suite):
-        runs[record.id] += 1
-        return truth_run(record, suite)
-
-    monkeypatch.setattr(request_mod, "ground_truth_run", counted)
-    same = [r for r in fixture_requests(n=6, seed=0) if r.record.id == "multi_turn_base_1"]
-    assert len(same) == 2
-    (ctx_a, outcome_a), (ctx_b, outcome_b) = run(same[0]), run(same[1])
-    assert same[0].score(outcome_a) == same[1].score(outcome_b) == 1.0
-    assert runs["multi_turn_base_1"] == 1  # the repeat is scored against the first run
-    # the repeat's router prompts carry the first occurrence's message objects
-    routers_a = [r for r in ctx_a.rendered if r.stage == "router"]
-    routers_b = [r for r in ctx_b.rendered if r.stage == "router"]
-    assert [r.text for r in routers_a] == [r.text for r in routers_b]
-    last_a, last_b = routers_a[-1].fields["conversation"], routers_b[-1].fields["conversation"]
-    assert len(last_a) > 3 and all(a is b for a, b in zip(last_a, last_b, strict=True))
-    # and each renders, names and digests as a request of its own would
-    alone = by_record(fixture_requests(n=6, seed=0), "multi_turn_base_1")
-    alone._recurring = request_mod.Recurring()
-    ctx_c, outcome_c = run(alone)
-    assert alone.score(outcome_c) == 1.0
-    assert [r.input_digest for r in ctx_c.rendered] == [r.input_digest for r in ctx_b.rendered]
-    assert [r.text for r in ctx_c.rendered] == [r.text for r in ctx_b.rendered]
-    # a wrong end state still fails against the shared truth
-    outcome_b.states[-1] = {**outcome_b.states[-1], "GorillaFileSystem": {}}
-    assert same[1].score(outcome_b) == 0.0
-
-
-def test_recurring_messages_are_shared_only_when_frozen_and_equal():
-    from workloads.routing.request import Recurring
-
-    kept = Recurring(limit=2)
-    a = kept.message("tool", {"files": ["a.txt"], "n": 1})
-    assert kept.message("tool", {"n": 1, "files": ["a.txt"]}) == a  # another order: equal
-    assert kept.message("tool", {"files": ["a.txt"], "n": 1}) is a
-    assert kept.message("tool", {"files": ["a.txt"], "n": 1.0}) is not a  # 1.0 is not 1
-    assert kept.message("user", "hi") is kept.message("user", "hi")
-    assert kept.message("user", "hi") is not kept.message("assistant", "hi")
-    odd = {"tags": {"x"}}  # a set: neither packed nor frozen, never shared
-    assert kept.message("tool", odd) is not kept.message("tool", odd)
-    for i in range(5):
-        kept.message("user", str(i))
-    assert len(kept._messages) == 2  # bounded: the oldest leave first
-
-
 # -- the template and the workflow ------------------------------------------------------------
 
 

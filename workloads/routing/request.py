@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache, partial
 from typing import Any
 
-import msgpack
-
-from dynbranch.canonical import FrozenMap, freeze
+from dynbranch.canonical import freeze
 from dynbranch.decode_lengths import RECORDED, DecodeModel, decision_of
 from dynbranch.errors import ToolCallError
 from dynbranch.predictors.base import EVIDENCE_KEY
@@ -244,10 +242,8 @@ class RoutingRequest(RequestInstance):
     def __init__(
         self, request_id: str, record: Record, suite: ApiSuite | None, tool_time: str = "modelled",
         shared: tuple[str, ApiState] | None = None, decode: DecodeModel = RECORDED,
-        recurring: Recurring | None = None,
     ) -> None:
         self.request_id, self.record, self._suite = request_id, record, suite
-        self._recurring = recurring if recurring is not None else Recurring()
         self.decode = decode
         self.candidates = (*record.function_names, END_OF_TURN)
         self.functions = [dict(f) for f in record.functions]
@@ -267,6 +263,7 @@ class RoutingRequest(RequestInstance):
         self._names = [[_name(c) for c in turn] for turn in record.recorded]
         # open router branch -> (turn, calls so far, history, functions offered)
         self._open: dict[BranchCoordinate, tuple[str, list, list, tuple[str, ...]]] = {}
+        self._truth: tuple[list[list[Any]], list[dict]] | None = None
 
     # -- control flow -------------------------------------------------------------------------
 
@@ -275,7 +272,7 @@ class RoutingRequest(RequestInstance):
         conversation: list[dict[str, Any]] = []
         for t, turn in enumerate(self.record.turns):
             history = list(conversation)  # the conversation before this user turn
-            conversation.append(self._recurring.message("user", turn))
+            conversation.append(_message("user", turn))
             functions = list(self.record.offered(t))
             request = self.record.request_text(t)
             offered = tuple(f["name"] for f in functions)
@@ -293,8 +290,8 @@ class RoutingRequest(RequestInstance):
                                              offered))
                     seen[name] += 1
                 for done in await asyncio.gather(*jobs):
-                    conversation.append(self._recurring.message("assistant", done.call))
-                    conversation.append(self._recurring.message("tool", done.value))
+                    conversation.append(_message("assistant", done.call))
+                    conversation.append(_message("tool", done.value))
                     executed.append(done)
             outcome.turns.append(executed)
             if self.state is not None:
@@ -597,86 +594,23 @@ class RoutingRequest(RequestInstance):
         the turn equals the ground truth's, and the ground truth's results of that turn are
         all among the results the request produced so far (order-free, with multiplicity).
         """
-        truth = self._recurring.truth(self.record, self._suite)
+        if self._truth is None:
+            self._truth = ground_truth_run(self.record, self._suite)
+        truth_results, truth_states = self._truth
         produced: Counter[str] = Counter()
         for t, expected in enumerate(self.record.recorded):
             produced.update(_key(c.value) for c in outcome.turns[t])
             if not expected:
                 continue
-            if outcome.states[t] != truth.states[t]:
+            if outcome.states[t] != truth_states[t]:
                 return False
-            if truth.results[t] - produced:
+            if Counter(_key(v) for v in truth_results[t]) - produced:
                 return False
         return True
 
 
 def _key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
-
-
-@dataclass(frozen=True, slots=True)
-class GroundTruth:
-    """What a multi-turn record's ground truth yields, as :meth:`RoutingRequest.score` reads
-    it: per turn, its results (as the multiset of their :func:`_key`) and every instance's
-    public state after the turn. Read only: requests of one record share it."""
-
-    results: tuple[Counter[str], ...]
-    states: tuple[dict, ...]
-
-
-class Recurring:
-    """What the requests of one stream share across the records they repeat: each record's
-    :class:`GroundTruth`, run once, and the conversation messages whose content is text.
-
-    NOTE: a ground-truth run depends only on the record (its initial configuration and
-    recorded calls, on fresh instances of the suite's classes), so every repeat of a record
-    is scored against its first run. A message is frozen (it keeps its prompt text and its
-    canonical encoding), so a repeat whose user turns and calls read as before carries the
-    same message objects, and their text and encoding are not made again for its prompts,
-    names and digests. At most ``limit`` of each are kept (the oldest leave first), so
-    memory follows the records, not the requests.
-    """
-
-    def __init__(self, limit: int = 1 << 14) -> None:
-        self.limit = limit
-        self._truths: dict[str, GroundTruth] = {}
-        self._messages: dict[tuple[str, str], Mapping[str, Any]] = {}
-
-    def truth(self, record: Record, suite: ApiSuite) -> GroundTruth:
-        """``record``'s ground truth (run now on first sight)."""
-        truth = self._truths.get(record.id)
-        if truth is None:
-            results, states = ground_truth_run(record, suite)
-            truth = GroundTruth(tuple(Counter(map(_key, turn)) for turn in results),
-                                tuple(states))
-            self._keep(self._truths, record.id, truth)
-        return truth
-
-    def message(self, role: str, content: Any) -> Mapping[str, Any]:
-        """One conversation message (frozen where it can be): the kept one of equal content.
-
-        NOTE: content other than text (a call's result) is known by its msgpack bytes: equal
-        bytes are equal JSON-like values, so they freeze to equal messages, which render and
-        encode alike. Content msgpack cannot pack is frozen afresh.
-        """
-        if type(content) is str:
-            key: Any = (role, content)
-        else:
-            try:
-                key = (role, msgpack.packb(content, use_bin_type=True))
-            except (TypeError, ValueError, OverflowError):
-                return _message(role, content)
-        message = self._messages.get(key)
-        if message is None:
-            message = _message(role, content)
-            if type(message) is FrozenMap:  # NOTE: only what cannot change is shared
-                self._keep(self._messages, key, message)
-        return message
-
-    def _keep(self, kept: dict[Any, Any], key: Any, value: Any) -> None:
-        kept[key] = value
-        if len(kept) > self.limit:
-            del kept[next(iter(kept))]
 
 
 def ground_truth_run(record: Record, suite: ApiSuite) -> tuple[list[list[Any]], list[dict]]:

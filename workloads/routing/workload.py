@@ -29,7 +29,7 @@ from workloads.routing.bfcl_wheel import bfcl_root, fetch_bfcl
 from workloads.routing.categories import DEFAULT_CATEGORIES, resolve_categories
 from workloads.routing.conflicts import EXCLUDED
 from workloads.routing.decode import SCALE, decode_model
-from workloads.routing.request import Recurring, RoutingRequest
+from workloads.routing.request import RoutingRequest
 from workloads.routing.template import TEMPLATE
 from workloads.routing.tools import TOOL_TIMES
 
@@ -148,12 +148,10 @@ class RoutingWorkload(Workload):
                 f"in categories {list(self.categories)}"
             )
         workspaces: dict[str, tuple[str, ApiState]] = {}
-        recurring = Recurring()  # NOTE: shared by the requests of a record it repeats
         return [
             RoutingRequest(f"routing-{i:05d}-{r.id}", r, bfcl.suite, self.tool_time,
                            self._workspace(r, bfcl, workspaces),
-                           choose(self.decode_lengths, decode_model(self.decode_scale)),
-                           recurring=recurring)
+                           choose(self.decode_lengths, decode_model(self.decode_scale)))
             for i, r in enumerate(draw(pool, n, seed))
         ]
 
