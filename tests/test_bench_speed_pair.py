@@ -37,3 +37,33 @@ def test_a_changed_value_or_row_count_is_reported(tmp_path: Path) -> None:
     assert all(v == "differ in start" for v in shifted.values())
     shorter = pair.compare(a, _run(tmp_path / "c", rows=2))
     assert all(v.startswith("differ: 3 rows / 2 rows") for v in shorter.values())
+
+
+def test_together_runs_a_pairs_replays_at_the_same_time(tmp_path: Path, monkeypatch) -> None:
+    """``--together`` starts both replays before waiting for either; the default runs base,
+    then head. Stand-in replays record when they start and end."""
+    import subprocess
+    import time
+    from argparse import Namespace
+
+    spans: dict[str, list[float]] = {}
+
+    def start(tree, out, args, data_dir):
+        spans[out.name] = [time.monotonic()]
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+
+    def finish(proc, tree, out):
+        proc.wait()
+        spans[out.name].append(time.monotonic())
+        return {"cpu_s": 1.0}
+
+    monkeypatch.setattr(pair, "start", start)
+    monkeypatch.setattr(pair, "finish", finish)
+    trees = {"base": tmp_path / "b", "head": tmp_path / "h"}
+    for together in (False, True):
+        spans.clear()
+        got = pair.run_pair(trees, tmp_path, 1, Namespace(together=together), None)
+        assert [side for side, _ in got] == ["base", "head"]
+        (b0, b1), (h0, h1) = spans["base_1"], spans["head_1"]
+        overlap = min(b1, h1) - max(b0, h0)
+        assert (overlap > 0.3) if together else (h0 >= b1), (together, spans)
