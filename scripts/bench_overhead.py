@@ -11,14 +11,24 @@ orchestrator and, on the Ray backend, the actor round trip add. Routing requests
 prompts, ~6k tokens for multi-turn routers) are replayed at a rate that keeps several
 requests in flight.
 
+On the Ray backend each engine call is also split into its legs: from the call in the driver
+to the engine starting on it in its actor (submitting the task, sending the request, the
+actor's event loop taking it up), the engine's own work, and from the engine's end to the
+driver holding the result (the reply, the driver's event loop resuming the caller). The
+engine stamps its start and end on its clock, the actor's monotonic clock, which on one
+machine is the driver's: the legs are only meaningful for a local cluster.
+
     python scripts/bench_overhead.py [--requests 200] [--rate 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,16 +47,47 @@ def _stats(d: np.ndarray) -> dict[str, float]:
             "p99": float(np.percentile(d, 99)), "mean": float(d.mean())}
 
 
+LEGS = (("to the engine", 0, 1), ("engine's work", 1, 2), ("back to the caller", 2, 3))
+"""Each leg of a Ray engine call: its name and the two stamps it lies between."""
+
+
+@contextlib.contextmanager
+def timed_ray_calls() -> Iterator[list[tuple[float, float, float, float]]]:
+    """Stamps of every Ray engine call made inside: the driver's clock when the call starts,
+    the engine's when it started and ended the request, the driver's when it has the result."""
+    from dynbranch.cluster.backend import RayEngineClient
+
+    calls: list[tuple[float, float, float, float]] = []
+    plain = RayEngineClient.generate
+
+    async def generate(self, request):
+        t0 = time.monotonic()  # NOTE: the real clock's loop time, as the engine's
+        result = await plain(self, request)
+        calls.append((t0, result.arrived_at, result.finished_at, time.monotonic()))
+        return result
+
+    RayEngineClient.generate = generate
+    try:
+        yield calls
+    finally:
+        RayEngineClient.generate = plain
+
+
 def measure(backend: str, requests: int, rate: float, out: Path) -> dict:
     cfg = ReplayConfig(workload="routing", arm="floor", engine="zero", backend=backend,
                        clock="real", requests=requests, rate=rate, workers=4, seed=1,
                        out=out / backend, progress=False)
-    result = run_replay(prepare(cfg, progress=lambda _m: None))
+    with timed_ray_calls() as calls:
+        result = run_replay(prepare(cfg, progress=lambda _m: None))
     llm = [s for s in result.orchestrator.log.stages if s.kind == "llm"]
     whole = np.array([s.duration for s in llm]) * 1e3
     engine = np.array([s.engine_s for s in llm]) * 1e3
-    return {"stages": len(llm), "failed": result.summary["failed"], "whole": _stats(whole),
-            "net": _stats(whole - engine), "engine": _stats(engine)}
+    got = {"stages": len(llm), "failed": result.summary["failed"], "whole": _stats(whole),
+           "net": _stats(whole - engine), "engine": _stats(engine)}
+    if calls:
+        stamps = np.array(calls) * 1e3
+        got["legs"] = {name: _stats(stamps[:, b] - stamps[:, a]) for name, a, b in LEGS}
+    return got
 
 
 def _line(label: str, q: dict[str, float]) -> str:
@@ -66,6 +107,8 @@ def main() -> None:
             print("   " + _line("stage duration       ", r["whole"]))
             print("   " + _line("overhead (less engine)", r["net"]))
             print("   " + _line("engine's own work    ", r["engine"]))
+            for name, q in r.get("legs", {}).items():
+                print("   " + _line(f"call leg: {name:<18}", q))
     local, ray_ = got["local"], got["ray"]
     for part, label in (("whole", "stage duration"), ("net", "overhead less engine")):
         print(f"ratio ray / local, {label} (this run): " + ", ".join(
