@@ -18,18 +18,24 @@ driver holding the result (the reply, the driver's event loop resuming the calle
 engine stamps its start and end on its clock, the actor's monotonic clock, which on one
 machine is the driver's: the legs are only meaningful for a local cluster.
 
+Ray's own floor is measured beside them: the same calls (the same requests, to as many actors,
+started at the same moments) sent again to bare async actors that only stamp when they take
+a call up, so the legs of an engine call can be read against what Ray alone costs here.
+
     python scripts/bench_overhead.py [--requests 200] [--rate 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,19 +57,32 @@ LEGS = (("to the engine", 0, 1), ("engine's work", 1, 2), ("back to the caller",
 """Each leg of a Ray engine call: its name and the two stamps it lies between."""
 
 
+class Call(NamedTuple):
+    """One Ray engine call: the driver's clock at its start and end, the engine's at the
+    request's start and end, which engine, and what was asked."""
+
+    start: float
+    arrived: float
+    finished: float
+    end: float
+    engine_id: str
+    request: Any
+
+
 @contextlib.contextmanager
-def timed_ray_calls() -> Iterator[list[tuple[float, float, float, float]]]:
+def timed_ray_calls() -> Iterator[list[Call]]:
     """Stamps of every Ray engine call made inside: the driver's clock when the call starts,
     the engine's when it started and ended the request, the driver's when it has the result."""
     from dynbranch.cluster.backend import RayEngineClient
 
-    calls: list[tuple[float, float, float, float]] = []
+    calls: list[Call] = []
     plain = RayEngineClient.generate
 
     async def generate(self, request):
         t0 = time.monotonic()  # NOTE: the real clock's loop time, as the engine's
         result = await plain(self, request)
-        calls.append((t0, result.arrived_at, result.finished_at, time.monotonic()))
+        calls.append(Call(t0, result.arrived_at, result.finished_at, time.monotonic(),
+                          self.engine_id, request))
         return result
 
     RayEngineClient.generate = generate
@@ -85,9 +104,52 @@ def measure(backend: str, requests: int, rate: float, out: Path) -> dict:
     got = {"stages": len(llm), "failed": result.summary["failed"], "whole": _stats(whole),
            "net": _stats(whole - engine), "engine": _stats(engine)}
     if calls:
-        stamps = np.array(calls) * 1e3
+        stamps = np.array([c[:4] for c in calls]) * 1e3
         got["legs"] = {name: _stats(stamps[:, b] - stamps[:, a]) for name, a, b in LEGS}
+        got["floor"] = ray_floor(calls)
     return got
+
+
+class _Bare:
+    """An async actor like an engine actor, doing nothing but stamp when it takes a call up."""
+
+    async def generate(self, request: Any) -> float:
+        return time.monotonic()
+
+
+def ray_floor(calls: list[Call]) -> dict[str, dict[str, float]]:
+    """The legs of ``calls`` sent again, at their recorded moments, to bare actors."""
+    import ray
+
+    ray.init(address="local", include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        engines = sorted({c.engine_id for c in calls})
+        remote = ray.remote(_Bare).options(num_cpus=0, max_concurrency=10_000)
+        actors = {e: remote.remote() for e in engines}
+        ray.get([a.generate.remote(None) for a in actors.values()])
+        legs = asyncio.run(_resend(calls, actors))
+    finally:
+        ray.shutdown()
+    stamps = np.array(legs) * 1e3
+    return {"to the actor": _stats(stamps[:, 1] - stamps[:, 0]),
+            "back to the caller": _stats(stamps[:, 2] - stamps[:, 1])}
+
+
+async def _resend(calls: list[Call], actors: dict[str, Any]) -> list[tuple[float, float, float]]:
+    legs: list[tuple[float, float, float]] = []
+
+    async def one(call: Call) -> None:
+        t0 = time.monotonic()
+        taken = await actors[call.engine_id].generate.remote(call.request)
+        legs.append((t0, taken, time.monotonic()))
+
+    first, began, tasks = calls[0].start, time.monotonic(), []
+    for call in sorted(calls, key=lambda c: c.start):
+        await asyncio.sleep(max(0.0, (call.start - first) - (time.monotonic() - began)))
+        tasks.append(asyncio.ensure_future(one(call)))
+    await asyncio.gather(*tasks)
+    return legs
 
 
 def _line(label: str, q: dict[str, float]) -> str:
@@ -109,6 +171,8 @@ def main() -> None:
             print("   " + _line("engine's own work    ", r["engine"]))
             for name, q in r.get("legs", {}).items():
                 print("   " + _line(f"call leg: {name:<18}", q))
+            for name, q in r.get("floor", {}).items():
+                print("   " + _line(f"Ray alone: {name:<17}", q))
     local, ray_ = got["local"], got["ray"]
     for part, label in (("whole", "stage duration"), ("net", "overhead less engine")):
         print(f"ratio ray / local, {label} (this run): " + ", ".join(
