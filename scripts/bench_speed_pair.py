@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,13 +86,23 @@ def finish(proc: subprocess.Popen, tree: Path, out: Path) -> dict:
 
 
 def run_pair(trees: dict[str, Path], out: Path, pair: int, args: argparse.Namespace,
-             data_dir: Path | None) -> list[tuple[str, dict]]:
-    """One pair's replays, base then head, or both at once (``--together``)."""
+             data_dir: Path | None) -> Iterator[tuple[str, dict]]:
+    """One pair's replays, base then head, or both at once (``--together``); each side's
+    figures as soon as they are in."""
     where = {side: out / f"{side}_{pair}" for side in ("base", "head")}
     if not args.together:
-        return [(side, replay(trees[side], where[side], args, data_dir)) for side in where]
+        for side in where:
+            yield side, replay(trees[side], where[side], args, data_dir)
+        return
     procs = {side: start(trees[side], where[side], args, data_dir) for side in where}
-    return [(side, finish(procs[side], trees[side], where[side])) for side in where]
+    try:
+        for side in where:
+            yield side, finish(procs[side], trees[side], where[side])
+    finally:
+        for proc in procs.values():  # NOTE: one side failed or we were stopped: no orphan
+            if proc.returncode is None:
+                proc.kill()
+                proc.wait()
 
 
 def compare(a: Path, b: Path) -> dict[str, str]:

@@ -62,8 +62,32 @@ def test_together_runs_a_pairs_replays_at_the_same_time(tmp_path: Path, monkeypa
     trees = {"base": tmp_path / "b", "head": tmp_path / "h"}
     for together in (False, True):
         spans.clear()
-        got = pair.run_pair(trees, tmp_path, 1, Namespace(together=together), None)
+        got = list(pair.run_pair(trees, tmp_path, 1, Namespace(together=together), None))
         assert [side for side, _ in got] == ["base", "head"]
         (b0, b1), (h0, h1) = spans["base_1"], spans["head_1"]
         overlap = min(b1, h1) - max(b0, h0)
         assert (overlap > 0.3) if together else (h0 >= b1), (together, spans)
+
+
+def test_together_stops_the_other_replay_when_one_fails(tmp_path: Path, monkeypatch) -> None:
+    import subprocess
+    from argparse import Namespace
+
+    import pytest
+
+    started: dict[str, subprocess.Popen] = {}
+
+    def start(tree, out, args, data_dir):
+        started[out.name] = subprocess.Popen([sys.executable, "-c",
+                                              "import time; time.sleep(60)"])
+        return started[out.name]
+
+    def finish(proc, tree, out):
+        raise SystemExit(f"replay in {tree} failed")
+
+    monkeypatch.setattr(pair, "start", start)
+    monkeypatch.setattr(pair, "finish", finish)
+    trees = {"base": tmp_path / "b", "head": tmp_path / "h"}
+    with pytest.raises(SystemExit):
+        list(pair.run_pair(trees, tmp_path, 1, Namespace(together=True), None))
+    assert all(p.poll() is not None for p in started.values())  # neither left running
