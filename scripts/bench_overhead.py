@@ -104,7 +104,7 @@ def measure(backend: str, requests: int, rate: float, out: Path) -> dict:
     got = {"stages": len(llm), "failed": result.summary["failed"], "whole": _stats(whole),
            "net": _stats(whole - engine), "engine": _stats(engine)}
     if calls:
-        stamps = np.array([c[:4] for c in calls]) * 1e3
+        stamps = np.array([(c.start, c.arrived, c.finished, c.end) for c in calls]) * 1e3
         got["legs"] = {name: _stats(stamps[:, b] - stamps[:, a]) for name, a, b in LEGS}
         got["floor"] = ray_floor(calls)
     return got

@@ -65,14 +65,19 @@ def start(tree: Path, out: Path, args: argparse.Namespace,
         cmd += ["--data-dir", str(data_dir)]
     env = {**os.environ, "PYTHONPATH": str(tree)}  # NOTE: this tree's code, not an install
     # NOTE: stderr to a file, not a pipe: two replays at once must not block on full pipes
-    with (out.parent / f".{out.name}.stderr").open("w") as log:
+    with _stderr_of(out).open("w") as log:
         return subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def _stderr_of(out: Path) -> Path:
+    """Where the replay writing to ``out`` writes its stderr (beside ``out``, removed after)."""
+    return out.parent / f".{out.name}.stderr"
 
 
 def finish(proc: subprocess.Popen, tree: Path, out: Path) -> dict:
     """Wait for a replay :func:`start` began; its speed figures and the process's peak RSS."""
     _pid, status, usage = os.wait4(proc.pid, 0)
-    log = out.parent / f".{out.name}.stderr"
+    log = _stderr_of(out)
     stderr = log.read_text() if log.exists() else ""
     log.unlink(missing_ok=True)
     proc.returncode = os.waitstatus_to_exitcode(status)

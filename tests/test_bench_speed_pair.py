@@ -1,13 +1,18 @@
 """scripts/bench_speed_pair.py: its row comparison, which is what makes a speed pair's
-"identical" mean something (the replays themselves are the CLI's, tested elsewhere)."""
+"identical" mean something, and how a pair's two replays are run (with stand-ins for the
+replays, which are the CLI's, tested elsewhere)."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
+import time
+from argparse import Namespace
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_speed_pair.py"
 _spec = importlib.util.spec_from_file_location("bench_speed_pair", SCRIPT)
@@ -39,18 +44,19 @@ def test_a_changed_value_or_row_count_is_reported(tmp_path: Path) -> None:
     assert all(v.startswith("differ: 3 rows / 2 rows") for v in shorter.values())
 
 
+def _sleeper(seconds: float) -> subprocess.Popen:
+    """A stand-in replay: a process that only sleeps."""
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+
+
 def test_together_runs_a_pairs_replays_at_the_same_time(tmp_path: Path, monkeypatch) -> None:
     """``--together`` starts both replays before waiting for either; the default runs base,
     then head. Stand-in replays record when they start and end."""
-    import subprocess
-    import time
-    from argparse import Namespace
-
     spans: dict[str, list[float]] = {}
 
     def start(tree, out, args, data_dir):
         spans[out.name] = [time.monotonic()]
-        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+        return _sleeper(0.5)
 
     def finish(proc, tree, out):
         proc.wait()
@@ -70,16 +76,10 @@ def test_together_runs_a_pairs_replays_at_the_same_time(tmp_path: Path, monkeypa
 
 
 def test_together_stops_the_other_replay_when_one_fails(tmp_path: Path, monkeypatch) -> None:
-    import subprocess
-    from argparse import Namespace
-
-    import pytest
-
     started: dict[str, subprocess.Popen] = {}
 
     def start(tree, out, args, data_dir):
-        started[out.name] = subprocess.Popen([sys.executable, "-c",
-                                              "import time; time.sleep(60)"])
+        started[out.name] = _sleeper(60)
         return started[out.name]
 
     def finish(proc, tree, out):
