@@ -15,6 +15,11 @@ see the same spell of the machine, which alternating runs minutes apart do not (
 machine one tree ran the same replay in 100 s and in 155 s within the hour). Run nothing else
 beside them.
 
+``--mypyc`` compiles the head tree's leaf modules of the simulator (:data:`COMPILED_CORE`,
+or the modules named) with mypyc before the runs, to measure what compiling the core as it
+is written buys (``pip install mypy`` first; a build takes about 4 minutes here). The head is
+then always a worktree (``--head``, default ``HEAD``), so no built file lands in this tree.
+
 Prints per run the wall seconds, simulated seconds per wall second, the process's CPU seconds
 (start-up and writing the results included: steadier than wall time on a shared machine) and
 peak RSS, and whether the first pair's request, stage and branch rows are identical (every
@@ -25,11 +30,13 @@ meant to change nothing else must print ``identical``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +47,15 @@ if str(ROOT) not in sys.path:  # NOTE: the data directory as this tree resolves 
 from dynbranch.datasets import resolve_data_dir  # noqa: E402
 
 TABLES = ("requests", "stages", "branches")
+COMPILED_CORE = (
+    "dynbranch/prefix_memo.py", "dynbranch/engines/blocks.py", "dynbranch/engines/scheduler.py",
+    "dynbranch/engines/skip_ahead.py", "dynbranch/engines/lazy_decodes.py",
+    "dynbranch/engines/tokenizer.py", "dynbranch/gate/beta.py", "dynbranch/reuse/names.py",
+)
+"""The hot modules mypyc compiles as written: the sim engine's step loop, KV blocks and
+tokenizer, the prefix memory, the Beta posteriors and reuse naming. (The sim engine's own
+module holds an async generator and ``canonical``'s frozen containers subclass ``dict`` and
+``list``, which mypyc does not compile; the predictors are subclassed by interpreted code.)"""
 
 
 def worktree(rev: str, where: Path) -> Path:
@@ -47,6 +63,29 @@ def worktree(rev: str, where: Path) -> Path:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(where), rev],
                    check=True, capture_output=True)
     return where
+
+
+def compile_tree(tree: Path, modules: list[str]) -> float:
+    """Compile ``modules`` (paths from ``tree``'s root) in place with mypyc; the seconds taken.
+
+    The extension modules land beside their sources, so a replay run from ``tree`` imports
+    them instead.
+    """
+    if not _has_mypyc():
+        raise SystemExit("--mypyc needs mypyc: pip install mypy")
+    began = time.perf_counter()
+    # NOTE: silent imports: what the modules import from outside is typed as far as mypy sees
+    done = subprocess.run([sys.executable, "-m", "mypyc", "--follow-imports=silent",
+                           "--ignore-missing-imports", *modules],
+                          cwd=tree, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"mypyc failed in {tree} ({done.returncode}):\n"
+                         f"{(done.stdout + done.stderr)[-3000:]}")
+    return time.perf_counter() - began
+
+
+def _has_mypyc() -> bool:
+    return importlib.util.find_spec("mypyc") is not None
 
 
 def replay(tree: Path, out: Path, args: argparse.Namespace, data_dir: Path | None) -> dict:
@@ -137,7 +176,14 @@ def main() -> None:
     ap.add_argument("--together", action="store_true",
                     help="run each pair's two replays at the same time, one per core")
     ap.add_argument("--out", type=Path, default=None, help="where runs and pairs.json go")
+    ap.add_argument("--mypyc", nargs="*", default=None, metavar="MODULE",
+                    help="compile these modules of the head tree with mypyc first "
+                         "(none named: COMPILED_CORE); the head is then a worktree of --head "
+                         "(default: HEAD)")
     args = ap.parse_args()
+    if args.mypyc is not None:
+        args.mypyc = args.mypyc or list(COMPILED_CORE)
+        args.head = args.head or "HEAD"
     data_dir = resolve_data_dir(None)
     with tempfile.TemporaryDirectory(prefix="speed-pair-") as tmp:
         # NOTE: absolute: each replay runs from its own tree's root
@@ -146,6 +192,10 @@ def main() -> None:
         trees = {"base": worktree(args.base, Path(tmp) / "base")}
         trees["head"] = worktree(args.head, Path(tmp) / "head") if args.head else ROOT
         try:
+            if args.mypyc:
+                took = compile_tree(trees["head"], args.mypyc)
+                print(f"head: {len(args.mypyc)} modules compiled with mypyc in {took:.0f} s",
+                      flush=True)
             runs: list[dict] = []
             for i in range(args.pairs):
                 for side, got in run_pair(trees, out, i + 1, args, data_dir):
@@ -167,7 +217,7 @@ def main() -> None:
             print(f"{table}: {said}")
         report = {"base": args.base, "head": args.head or "working tree",
                   "requests": args.requests, "rate": args.rate, "arm": args.arm,
-                  "together": args.together,
+                  "together": args.together, "mypyc": args.mypyc,
                   "runs": runs, "rows": verdict}
         (out / "pairs.json").write_text(json.dumps(report, indent=1) + "\n")
         if args.out is not None:

@@ -91,3 +91,43 @@ def test_together_stops_the_other_replay_when_one_fails(tmp_path: Path, monkeypa
     with pytest.raises(SystemExit):
         list(pair.run_pair(trees, tmp_path, 1, Namespace(together=True), None))
     assert all(p.poll() is not None for p in started.values())  # neither left running
+
+
+def _tree_with_mypyc(tmp_path: Path, main: str) -> Path:
+    """A tree holding a stand-in ``mypyc`` package, which ``python -m mypyc`` run from the
+    tree's root finds before any installed one."""
+    (tmp_path / "mypyc").mkdir()
+    (tmp_path / "mypyc" / "__init__.py").write_text("")
+    (tmp_path / "mypyc" / "__main__.py").write_text(main)
+    return tmp_path
+
+
+def test_mypyc_compiles_the_named_modules_in_the_head_tree(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(pair, "_has_mypyc", lambda: True)
+    tree = _tree_with_mypyc(tmp_path, "import sys, pathlib\n"
+                                      "pathlib.Path('argv.txt').write_text(' '.join(sys.argv[1:]))\n")
+    took = pair.compile_tree(tree, ["dynbranch/a.py", "dynbranch/b.py"])
+    assert took > 0
+    assert (tree / "argv.txt").read_text().split() == [
+        "--follow-imports=silent", "--ignore-missing-imports", "dynbranch/a.py", "dynbranch/b.py"]
+
+
+def test_a_failed_compile_stops_the_pairs_with_mypyc_s_output(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    monkeypatch.setattr(pair, "_has_mypyc", lambda: True)
+    tree = _tree_with_mypyc(tmp_path, "import sys\n"
+                                      "print('dynbranch/a.py:3: error: async generators')\n"
+                                      "sys.exit(2)\n")
+    with pytest.raises(SystemExit, match=r"mypyc failed .*\(2\)[\s\S]*async generators"):
+        pair.compile_tree(tree, ["dynbranch/a.py"])
+
+
+def test_mypyc_missing_is_named_with_how_to_install_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(pair, "_has_mypyc", lambda: False)
+    with pytest.raises(SystemExit, match="pip install mypy"):
+        pair.compile_tree(tmp_path, ["dynbranch/a.py"])
+
+
+def test_compiled_core_modules_exist() -> None:
+    root = SCRIPT.parents[1]
+    assert all((root / module).is_file() for module in pair.COMPILED_CORE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from itertools import islice, takewhile
 from operator import is_not
@@ -60,7 +60,9 @@ class BlockPool:
         if not self.caching:
             return []
         # NOTE: at C speed, up to the first miss (a long prompt has hundreds of blocks)
-        return list(takewhile(_is_block, map(self._cached.get, islice(hashes, limit))))
+        # (typed as a map to blocks: the misses it yields stop the takewhile, never returned)
+        cached: Callable[[bytes], int] = self._cached.get  # type: ignore[assignment]
+        return list(takewhile(_is_block, map(cached, islice(hashes, limit))))
 
     def key_of(self, block: int) -> bytes | None:
         """The key of the full block whose KV ``block`` holds, if it is cached."""

@@ -92,6 +92,7 @@ def replayed_text(prompt: str, replay_text: str, max_tokens: int,
         return replay_text  # fewer pieces than the limit, whatever they are: nothing is cut
     room = None
     if least_room is not None and least_room < max_tokens:  # the context may cut: count
+        assert context_limit is not None  # least_room is counted from it
         room = context_limit - len(encode(prompt))
         if len(replay_text) < min(max_tokens, room):
             return replay_text
@@ -361,7 +362,8 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan) -> None:
         # Decodes first, then prefill chunks, each in admission order (vLLM v1's stable sort).
-        decodes, prefills = [], []
+        decodes: list[Seq] = []
+        prefills: list[Seq] = []
         for seq in self.running:
             (prefills if len(seq.token_ids) - seq.num_computed > 1 else decodes).append(seq)
         bs, pool, tokens, context = self.block_size, self.pool, plan.tokens, plan.context

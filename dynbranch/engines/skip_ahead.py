@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
-from math import fsum, inf
+from math import fsum
 
 from dynbranch.engines.lazy_decodes import LazyDecodes, Member
 from dynbranch.engines.profile import Profile, kv_blocks_for
@@ -32,6 +32,9 @@ from dynbranch.engines.scheduler import Scheduler, Seq, StepPlan
 
 FIRST_HORIZON = 16
 """Pure steps planned at first; each extension doubles it (a plan cut short wastes little)."""
+
+_NEVER = 1 << 62
+"""A step no plan reaches: the last step when no member ends (a step number, like the rest)."""
 
 
 class BusyWindow:
@@ -327,9 +330,8 @@ class Lookahead:
         self.free_left = s.pool.num_free
         self.taken = 0  # blocks the planned steps take
         self.allocations_at = s.allocations
-        self.last_step = s.lazy.next_end()
-        if self.last_step is None:
-            self.last_step = inf
+        nxt = s.lazy.next_end()
+        self.last_step: int = _NEVER if nxt is None else nxt
         self.head_keys: dict[bytes, int] | None = None
         self.head_hits = 0
         self.head_blocked_through = s.step
