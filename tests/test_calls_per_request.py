@@ -1,0 +1,44 @@
+"""scripts/calls_per_request.py on the shipped BFCL fixture: the per-request figures it
+prints are differences between two replays, and the functions it lists are counted ones."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "calls_per_request.py"
+FIXTURE = Path(__file__).parent / "fixtures" / "bfcl"
+_spec = importlib.util.spec_from_file_location("calls_per_request", SCRIPT)
+assert _spec is not None and _spec.loader is not None
+calls = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(calls)
+
+
+def test_prints_calls_and_cpu_per_request_and_the_functions_called_most(
+        monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["calls_per_request.py", "--requests", "2", "5",
+                                      "--arm", "floor", "--top", "4",
+                                      "--bfcl-root", str(FIXTURE)])
+    calls.main()
+    out = capsys.readouterr().out.splitlines()
+    head = re.match(r"requests 3-5 of Routing `floor` at 4 req/s, per request: ([\d.]+) stages, "
+                    r"([\d,]+) Python calls, ([\d,]+) calls into C, ([\d.]+) ms CPU .* "
+                    r"([\d.]+) µs per Python call$", out[0])
+    assert head is not None, out[0]
+    stages, python_calls = float(head[1]), int(head[2].replace(",", ""))
+    assert stages >= 1 and python_calls > 100  # a request runs at least its router stage
+    assert out[1].startswith("called most per request")
+    listed = out[2:]
+    assert len(listed) == 4
+    per_request = [float(line.split()[0]) for line in listed]
+    assert per_request == sorted(per_request, reverse=True) and per_request[0] > 0
+
+
+def test_a_span_that_is_not_one_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["calls_per_request.py", "--requests", "5", "5"])
+    with pytest.raises(SystemExit):
+        calls.main()
