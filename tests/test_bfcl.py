@@ -9,6 +9,7 @@ so, only when PyPI cannot be reached.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import inspect
 import json
@@ -647,6 +648,28 @@ def test_read_set_names_the_state_by_lineage_and_declared_effects():
     assert tool.is_read_only(values("ls(a=True)")) and tool.is_read_only(values("echo('hi')"))
     assert not tool.is_read_only(values("echo(content='hi', file_name='ideas.txt')"))
     assert not tool.is_read_only(values("cd('..')")) and not tool.is_read_only(values("mkdir('x')"))
+
+
+def test_states_are_copied_once_per_lineage_and_shared():
+    def fresh(state):  # what public_state copied before it kept copies
+        return {c: {k: copy.deepcopy(v) for k, v in vars(i).items() if not k.startswith("_")}
+                for c, i in state.instances.items()}
+
+    request, tool = _tool()
+    other, _ = _tool()  # a second request on the same record, on the same lineages
+    first = request.state.public_state()
+    assert first == fresh(request.state)
+    shared = other.state.public_state()["GorillaFileSystem"]
+    root = first["GorillaFileSystem"]["root"]
+    assert shared == first["GorillaFileSystem"] and shared["root"] is root  # copied once
+    assert shared is not first["GorillaFileSystem"]  # each its own dict of attributes
+    tool.call(request.executor_values("ls()"))  # read-only: the same lineage, the same copy
+    assert request.state.public_state()["GorillaFileSystem"]["root"] is root
+    tool.call(request.executor_values("mkdir(dir_name='backup')"))  # a write: a new lineage
+    moved = request.state.public_state()
+    assert moved == fresh(request.state) != first
+    assert moved["GorillaFileSystem"]["root"] is not root
+    assert other.state.public_state() == first == fresh(other.state)  # the other is unmoved
 
 
 def test_tool_cost_is_modelled_per_class_or_measured():

@@ -78,6 +78,10 @@ def test_the_bytes_are_those_of_the_plain_rules(value):
     assert canonical_bytes(value) == _reference(value)
     assert canonical_bytes({"nested": normalise(value)}) == _reference({"nested": value})
     assert canonical_bytes(normalise(value)) == _reference(value)
+    # the canonical form is read back from the kept encoding: the plain rules' form
+    assert normalise(value).value == msgpack.unpackb(_reference(value), raw=False,
+                                                     strict_map_key=False)[1]
+    assert canonical_bytes([normalise(value)]) == _reference([value])
 
 
 @settings(max_examples=200, deadline=None)

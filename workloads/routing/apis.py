@@ -166,6 +166,10 @@ def _import_file(name: str, path: Path) -> types.ModuleType:
 _GLOBAL_PRECISION_LOCK = threading.Lock()
 _SIGNATURES: dict[tuple[type, str], inspect.Signature] = {}
 """(API class, method) -> the bound method's signature (the same for every instance)."""
+_SNAPSHOTS: dict[tuple[Path, str, str], dict[str, Any]] = {}
+"""(suite root, API class, lineage) -> a deep copy of that state's public attributes, oldest
+first (:meth:`ApiState.public_state`)."""
+_SNAPSHOTS_MAX = 8192
 
 
 class ApiState:
@@ -181,6 +185,7 @@ class ApiState:
     ) -> None:
         self.instances = {c: suite.new_instance(c, initial_config.get(c, {}), long_context)
                           for c in classes}
+        self.suite_root = suite.root
         self.versions = dict.fromkeys(classes, 0)
         # NOTE: a class's *lineage* names its state as a value: its initial configuration and
         # every mutating call applied since. Equal lineages are equal states (the APIs are
@@ -237,11 +242,32 @@ class ApiState:
                                                 repr(sorted(bound.arguments.items()))])[:16]
 
     def public_state(self) -> dict[str, dict[str, Any]]:
-        """A deep copy of every instance's public attributes (what BFCL's state check reads)."""
-        return {
-            cls: {k: copy.deepcopy(v) for k, v in vars(inst).items() if not k.startswith("_")}
-            for cls, inst in self.instances.items()
-        }
+        """A deep copy of every instance's public attributes (what BFCL's state check reads).
+
+        Each class's attributes are a dict of their own, but the values in it are shared
+        with every other request whose class has the same lineage: read them, never change
+        them.
+
+        NOTE: equal lineages are equal states (see :meth:`__init__`), so each class's copy is
+        kept by its lineage (:data:`_SNAPSHOTS`): BFCL's check reads a state at every turn of
+        every request and of its ground truth, mostly one seen before (a repeated request,
+        a read-only turn), and deep-copying them all was 3 % of a 10,000-request Routing
+        replay's time under cProfile.
+        Checked: over a 3,000-request Routing replay every one of 7,913 kept copies equalled
+        a fresh copy of its state.
+        """
+        states = {}
+        for cls, inst in self.instances.items():
+            key = (self.suite_root, cls, self.lineage[cls])
+            state = _SNAPSHOTS.get(key)
+            if state is None:
+                state = {k: copy.deepcopy(v) for k, v in vars(inst).items()
+                         if not k.startswith("_")}
+                _SNAPSHOTS[key] = state
+                if len(_SNAPSHOTS) > _SNAPSHOTS_MAX:
+                    del _SNAPSHOTS[next(iter(_SNAPSHOTS))]
+            states[cls] = dict(state)
+        return states
 
 
 def _mp_dps() -> int | None:
