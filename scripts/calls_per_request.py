@@ -76,6 +76,21 @@ def replay_timed(args: argparse.Namespace, requests: int, out: Path) -> float:
     return time.process_time() - began
 
 
+def cpu_figures(lo_s: float, hi_s: float, span: int, python_calls: float) -> str:
+    """CPU per request and per Python call from the two replays' CPU seconds.
+
+    NOTE: a difference of two timings: when the longer replay took no more CPU than the
+    shorter (another process slowed the shorter one, or the span is too short to outweigh
+    the noise) there is no figure, and saying so beats printing a negative cost.
+    """
+    timings = f"{lo_s:.2f} and {hi_s:.2f} s for the two replays"
+    if hi_s <= lo_s or python_calls <= 0:
+        return (f"CPU per request not resolved ({timings}: the longer took no more; run "
+                "nothing beside it, or widen --requests)")
+    cpu_ms = 1000 * (hi_s - lo_s) / span
+    return f"{cpu_ms:.1f} ms CPU ({timings}), {1000 * cpu_ms / python_calls:.2f} µs per Python call"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, nargs=2, default=[300, 600], metavar=("FROM", "TO"))
@@ -96,11 +111,9 @@ def main() -> None:
     python_calls = sum(v for k, v in calls.items() if not k.startswith("C:")) / span
     c_calls = sum(v for k, v in calls.items() if k.startswith("C:")) / span
     stages = (counted[hi][1] - counted[lo][1]) / span
-    cpu_ms = 1000 * (cpu[hi] - cpu[lo]) / span
     print(f"requests {lo + 1}-{hi} of Routing `{args.arm}` at {args.rate:g} req/s, per request: "
           f"{stages:.1f} stages, {python_calls:,.0f} Python calls, {c_calls:,.0f} calls into C, "
-          f"{cpu_ms:.1f} ms CPU ({cpu[lo]:.2f} and {cpu[hi]:.2f} s for the two replays), "
-          f"{1000 * cpu_ms / python_calls:.2f} µs per Python call")
+          f"{cpu_figures(cpu[lo], cpu[hi], span, python_calls)}")
     print(f"called most per request (of {python_calls + c_calls:,.0f}):")
     for name, n in calls.most_common(args.top):
         print(f"{n / span:9.1f}  {name}")
