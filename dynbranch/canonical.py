@@ -87,7 +87,9 @@ class Normalised:
     (:attr:`value`) only when something asks for it, read back from those bytes: a
     rendered input's fields are encoded into its digest and its reuse key, and nothing
     reads their normal form, so walking them into it as well was a second walk (3 % of a
-    10,000-request Routing replay's time under cProfile). msgpack gives back exactly what
+    10,000-request Routing replay's time under cProfile, which inflates many small calls;
+    with the kept BFCL state copies, the pair ran 0.968-0.987 of the CPU seconds, rows
+    identical: ``scripts/BENCHMARKS.md``). msgpack gives back exactly what
     it encoded from a normal form (lists, maps, strings, bytes, ints, 64-bit floats,
     booleans and ``None``).
     """

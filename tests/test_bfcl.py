@@ -672,6 +672,28 @@ def test_states_are_copied_once_per_lineage_and_shared():
     assert other.state.public_state() == first == fresh(other.state)  # the other is unmoved
 
 
+def test_kept_state_copies_are_bounded(monkeypatch):
+    from workloads.routing import apis
+
+    monkeypatch.setattr(apis, "_SNAPSHOTS", {})
+    monkeypatch.setattr(apis, "_SNAPSHOTS_MAX", 3)
+    request, tool = _tool()
+    state = request.state
+
+    def key():
+        return (state.suite_root, "GorillaFileSystem", state.lineage["GorillaFileSystem"])
+
+    state.public_state()
+    first = key()
+    for name in ("a", "b", "c", "d"):  # each write a new lineage, whose copy is kept
+        tool.call(request.executor_values(f"mkdir(dir_name='{name}')"))
+        assert state.public_state() == {
+            c: {k: copy.deepcopy(v) for k, v in vars(i).items() if not k.startswith("_")}
+            for c, i in state.instances.items()}
+        assert key() in apis._SNAPSHOTS
+    assert len(apis._SNAPSHOTS) == 3 and first not in apis._SNAPSHOTS  # the oldest left
+
+
 def test_tool_cost_is_modelled_per_class_or_measured():
     request, tool = _tool()
     tool.call(request.executor_values("ls()"))

@@ -252,9 +252,9 @@ class ApiState:
         kept by its lineage (:data:`_SNAPSHOTS`): BFCL's check reads a state at every turn of
         every request and of its ground truth, mostly one seen before (a repeated request,
         a read-only turn), and deep-copying them all was 3 % of a 10,000-request Routing
-        replay's time under cProfile.
-        Checked: over a 3,000-request Routing replay every one of 7,913 kept copies equalled
-        a fresh copy of its state.
+        replay's time under cProfile (less in fact: ``scripts/BENCHMARKS.md``). Checked:
+        over a 3,000-request Routing replay every one of 7,913 kept copies equalled a fresh
+        copy of its state.
         """
         states = {}
         for cls, inst in self.instances.items():
@@ -265,7 +265,7 @@ class ApiState:
                          if not k.startswith("_")}
                 _SNAPSHOTS[key] = state
                 if len(_SNAPSHOTS) > _SNAPSHOTS_MAX:
-                    del _SNAPSHOTS[next(iter(_SNAPSHOTS))]
+                    _SNAPSHOTS.pop(next(iter(_SNAPSHOTS)), None)  # the oldest
             states[cls] = dict(state)
         return states
 
