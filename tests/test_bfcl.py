@@ -650,11 +650,14 @@ def test_read_set_names_the_state_by_lineage_and_declared_effects():
     assert not tool.is_read_only(values("cd('..')")) and not tool.is_read_only(values("mkdir('x')"))
 
 
-def test_states_are_copied_once_per_lineage_and_shared():
-    def fresh(state):  # what public_state copied before it kept copies
-        return {c: {k: copy.deepcopy(v) for k, v in vars(i).items() if not k.startswith("_")}
-                for c, i in state.instances.items()}
+def fresh(state):
+    """A fresh deep copy of every instance's public attributes (what public_state copied
+    before it kept copies by lineage)."""
+    return {c: {k: copy.deepcopy(v) for k, v in vars(i).items() if not k.startswith("_")}
+            for c, i in state.instances.items()}
 
+
+def test_states_are_copied_once_per_lineage_and_shared():
     request, tool = _tool()
     other, _ = _tool()  # a second request on the same record, on the same lineages
     first = request.state.public_state()
@@ -687,9 +690,7 @@ def test_kept_state_copies_are_bounded(monkeypatch):
     first = key()
     for name in ("a", "b", "c", "d"):  # each write a new lineage, whose copy is kept
         tool.call(request.executor_values(f"mkdir(dir_name='{name}')"))
-        assert state.public_state() == {
-            c: {k: copy.deepcopy(v) for k, v in vars(i).items() if not k.startswith("_")}
-            for c, i in state.instances.items()}
+        assert state.public_state() == fresh(state)
         assert key() in apis._SNAPSHOTS
     assert len(apis._SNAPSHOTS) == 3 and first not in apis._SNAPSHOTS  # the oldest left
 
