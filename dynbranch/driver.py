@@ -98,6 +98,7 @@ class ReplayConfig:
     data_dir: str | None = None
     address: str | None = None
     gate_lane: bool = False  # ray: the gate's decisions over a compiled graph (a busy core)
+    engine_lane: bool = True  # ray: engine calls over direct streams, not actor calls
     network: str = "none"  # a modelled driver-to-worker network (dynbranch/engines/network.py)
     progress: bool = True
     workload_options: dict[str, Any] = field(default_factory=dict)
@@ -247,7 +248,8 @@ def make_backend(cfg: ReplayConfig, clock: Clock) -> Backend:
         return LocalBackend(clock, roles)
     from dynbranch.cluster import RayBackend  # the only place Ray enters
 
-    return RayBackend(clock, roles, address=cfg.address, gate_lane=cfg.gate_lane)
+    return RayBackend(clock, roles, address=cfg.address, gate_lane=cfg.gate_lane,
+                      engine_lane=cfg.engine_lane)
 
 
 @dataclass

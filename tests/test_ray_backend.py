@@ -42,11 +42,15 @@ def test_requests_run_on_engine_actors_and_nothing_outlives_shutdown(local_ray):
             client = backend.clients()["target"][0]
             load = await client.load()
             aborted = await client.abort("never-sent")
-            return records, orch, load, aborted
+            lanes = [(c.lane.calls, dict(c.lane_counts)) for c in backend.clients()["target"]]
+            return records, orch, load, aborted, lanes
         finally:
             await backend.shutdown()
 
-    records, orch, load, aborted = clock.run(main())
+    records, orch, load, aborted, lanes = clock.run(main())
+    # NOTE: every engine call went over the engines' lanes, none as an actor call
+    assert all(calls > 0 and counts["opened"] == 1 and counts["actor_calls"] == 0
+               for calls, counts in lanes), lanes
     assert [r.status for r in records].count("completed") == 5
     assert records[3].error_type == "ToolCallError"
     engines = {s.engine for s in orch.log.stages if s.kind == "llm"}
@@ -54,6 +58,26 @@ def test_requests_run_on_engine_actors_and_nothing_outlives_shutdown(local_ray):
     assert load.engine_id == "sim-target-0" and load.running == 0 and load.kv_blocks_total > 0
     assert aborted is False
     assert _engine_units_free(4.0), ray.available_resources()
+
+
+def test_without_lanes_engine_calls_are_actor_calls(local_ray):
+    clock = RealClock()
+    backend = RayBackend(clock, {"target": EngineSpec("sim", "qwen3-0.6b@h200", 1)},
+                         engine_lane=False)
+
+    async def main():
+        await backend.start()
+        try:
+            client = backend.clients()["target"][0]
+            result = await client.generate(GenerateRequest("a-1", "hi", 4, replay_text="ok"))
+            load = await client.load()
+            return result, load, client.lane, dict(client.lane_counts)
+        finally:
+            await backend.shutdown()
+
+    result, load, lane, counts = clock.run(main())
+    assert result.text == "ok" and load.engine_id == "sim-target-0"
+    assert lane is None and counts["opened"] == 0 and counts["actor_calls"] == 2
 
 
 def test_streaming_through_the_actor_matches_the_replay_text(local_ray):

@@ -45,12 +45,16 @@ def test_requests_survive_an_engine_crash_and_the_engine_comes_back(local_ray):
             back = await orch.pool.generate(
                 "target", GenerateRequest("after", "hi", 4, replay_text="ok")
             )
+            client = backend.clients()["target"][0]
+            reopened = client.lane is not None and client.lane.broken is None
             await orch.pool.close()
-            return records, deaths, orch.pool, back
+            return records, deaths, orch.pool, back, dict(client.lane_counts), reopened
         finally:
             await backend.shutdown()
 
-    records, deaths, pool, back = clock.run(main())
+    records, deaths, pool, back, counts, reopened = clock.run(main())
+    # NOTE: the killed engine's lane broke with it, and the probe opened one to the new actor
+    assert counts["broken"] >= 1 and counts["opened"] >= 2 and reopened, counts
     assert [r.status for r in records] == ["completed"] * 8, [r.error for r in records]
     # NOTE: a restarted engine slow to answer its first probes may go down again meanwhile
     assert deaths >= 1 and pool.counts["retried"] >= 1

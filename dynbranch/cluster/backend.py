@@ -12,11 +12,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from dynbranch.backend import Backend, EngineClient, EngineSpec
 from dynbranch.clock import Clock
+from dynbranch.cluster.engine_lane import (
+    OPEN_TIMEOUT_S,
+    EngineLane,
+    LaneBroken,
+    decode_load,
+    decode_result,
+    encode_request,
+)
 from dynbranch.cluster.store import DEFAULT_SHARDS
 from dynbranch.engines.protocol import GenerateRequest, GenerateResult, LoadSnapshot
 from dynbranch.errors import ConfigError, EngineDied
@@ -67,6 +76,10 @@ class RayEngineClient(EngineClient):
     an error the engine itself raised comes back as itself (a typed engine error), not
     wrapped in Ray's task error. ``health`` and ``load`` answer within their timeouts
     (wall clock: they bound RPCs, and the Ray backend runs on the real clock only).
+
+    With a lane open (:meth:`open_lane`, :mod:`dynbranch.cluster.engine_lane`), ``generate``,
+    ``abort`` and ``load`` go over it instead of as actor calls; ``health`` stays an actor
+    call, and when the lane has broken, a healthy answer opens a new one.
     """
 
     remote = True
@@ -75,35 +88,97 @@ class RayEngineClient(EngineClient):
                  ) -> None:
         self._actor, self.engine_id = actor, engine_id
         self.health_timeout_s = health_timeout_s
+        self.lane: EngineLane | None = None
+        self.laned = False  # whether this client wants a lane (reopened after a break)
+        self.lane_counts = {"opened": 0, "broken": 0, "failed_to_open": 0, "actor_calls": 0}
+
+    async def open_lane(self, timeout_s: float = OPEN_TIMEOUT_S) -> bool:
+        """Open a lane to the actor (see :mod:`dynbranch.cluster.engine_lane`); returns whether
+        it opened. A lane that does not open within ``timeout_s`` leaves the client on actor
+        calls (``lane_counts["failed_to_open"]``)."""
+        self.laned = True
+        token = secrets.token_bytes(16)
+        try:
+            async with asyncio.timeout(timeout_s):
+                host, port = await self._actor.open_lane.remote(token)
+                lane = await EngineLane.connect(self.engine_id, host, port, token)
+        except Exception:  # NOTE: a dead actor, a closed port, a timeout: actor calls remain
+            self.lane_counts["failed_to_open"] += 1
+            return False
+        if self.lane is not None:
+            await self.lane.close()
+        self.lane = lane
+        self.lane_counts["opened"] += 1
+        return True
+
+    async def close_lane(self) -> None:
+        if self.lane is not None:
+            await self.lane.close()
+        self.lane, self.laned = None, False
+
+    def _open_lane(self) -> EngineLane | None:
+        lane = self.lane
+        if lane is None:
+            return None
+        if lane.broken is not None:
+            self.lane = None
+            self.lane_counts["broken"] += 1
+            return None
+        return lane
+
+    async def _on_lane(self, lane: EngineLane, method: str, arg, request_id: str):
+        try:
+            return await lane.call(method, arg, request_id)
+        except LaneBroken as e:
+            # NOTE: like an actor call on a dead actor: the call did not finish there
+            raise EngineDied(self.engine_id, request_id, f"engine lane broke: {e}") from None
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        lane = self._open_lane()
+        if lane is not None:
+            return decode_result(await self._on_lane(lane, "generate", encode_request(request),
+                                                     request.request_id))
+        self.lane_counts["actor_calls"] += 1
         with _engine_errors(self.engine_id, request.request_id):
             return await self._actor.generate.remote(request)
 
     async def abort(self, request_id: str) -> bool:
+        lane = self._open_lane()
+        if lane is not None:
+            return bool(await self._on_lane(lane, "abort", request_id, request_id))
+        self.lane_counts["actor_calls"] += 1
         with _engine_errors(self.engine_id, request_id):
             return await self._actor.abort.remote(request_id)
 
     async def load(self) -> LoadSnapshot:
-        with _engine_errors(self.engine_id, "load"):
-            try:
+        lane = self._open_lane()
+        try:
+            if lane is not None:
+                return decode_load(await asyncio.wait_for(
+                    self._on_lane(lane, "load", None, "load"), self.health_timeout_s))
+            self.lane_counts["actor_calls"] += 1
+            with _engine_errors(self.engine_id, "load"):
                 return await asyncio.wait_for(self._actor.load.remote(),
                                               self.health_timeout_s)
-            except TimeoutError:
-                raise EngineDied(self.engine_id, "load",
-                                 f"no load reply within {self.health_timeout_s:g}s") from None
+        except TimeoutError:
+            raise EngineDied(self.engine_id, "load",
+                             f"no load reply within {self.health_timeout_s:g}s") from None
 
     async def health(self) -> bool:
         """The actor's health within the timeout; ``False`` when dead, restarting or slow.
 
         NOTE: a restarted actor starts its engine on this first call, which may take longer
-        than one timeout for a real model; the pool simply probes again.
+        than one timeout for a real model; the pool simply probes again. A client that wants
+        a lane and has lost it opens a new one once the actor answers healthy.
         """
         try:
-            return bool(await asyncio.wait_for(self._actor.health.remote(),
-                                               self.health_timeout_s))
+            ok = bool(await asyncio.wait_for(self._actor.health.remote(),
+                                             self.health_timeout_s))
         except Exception:  # NOTE: dead, restarting, timed out or raised: not serving
             return False
+        if ok and self.laned and self._open_lane() is None:
+            await self.open_lane()
+        return ok
 
 
 @contextlib.contextmanager
@@ -134,11 +209,13 @@ class RayBackend(Backend):
     name = "ray"
 
     def __init__(self, clock: Clock, roles: Mapping[str, EngineSpec], *,
-                 address: str | None = None, gate_lane: bool = False) -> None:
+                 address: str | None = None, gate_lane: bool = False,
+                 engine_lane: bool = True) -> None:
         if clock.kind != "real":
             raise ConfigError("the Ray backend runs on the real clock only")
         self.clock, self._roles, self._address = clock, dict(roles), address
         self.gate_lane = gate_lane  # the gate's decisions over a compiled graph (gate/lane.py)
+        self.engine_lane = engine_lane  # engine calls over direct streams (engine_lane.py)
         self._actors: list = []
         self._store_actors: list = []
         self.shard_sets: list = []  # one per store made (its counters go into the summary)
@@ -191,6 +268,9 @@ class RayBackend(Backend):
                 index += 1
             self._clients[role] = clients
         await _gather([a.start.remote() for a in self._actors])
+        if self.engine_lane:
+            await asyncio.gather(*(c.open_lane() for cs in self._clients.values() for c in cs
+                                   if isinstance(c, RayEngineClient)))
 
     def clients(self) -> Mapping[str, list[EngineClient]]:
         return self._clients
@@ -245,6 +325,10 @@ class RayBackend(Backend):
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        for clients in self._clients.values():
+            for c in clients:
+                if isinstance(c, RayEngineClient):
+                    await c.close_lane()
         try:
             if self._actors:
                 # NOTE: an engine that died mid-run cannot shut down; it is killed below like

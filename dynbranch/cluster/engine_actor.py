@@ -18,6 +18,7 @@ import os
 from collections.abc import AsyncIterator
 
 from dynbranch.clock import RealClock
+from dynbranch.cluster.engine_lane import LaneServer
 from dynbranch.engines.config import EngineConfig
 from dynbranch.engines.protocol import (
     Engine,
@@ -42,6 +43,7 @@ class EngineActor:
         self.config = config
         self._engine = None
         self._starting: asyncio.Task | None = None
+        self._lane: LaneServer | None = None
 
     async def start(self) -> str:
         """Build and start the engine inside the actor's loop (once); returns its id."""
@@ -90,6 +92,18 @@ class EngineActor:
         """Whether the engine serves (starting it first after a restart)."""
         return await (await self.ready()).health()
 
+    async def open_lane(self, token: bytes) -> tuple[str, int]:
+        """Listen for a direct lane (:mod:`dynbranch.cluster.engine_lane`) on this node, once,
+        and let a connection that first sends ``token`` in; returns the listener's address."""
+        import ray
+
+        await self.ready()
+        if self._lane is None:
+            self._lane = LaneServer(self.ready)
+        address = await self._lane.start(ray.util.get_node_ip_address())
+        self._lane.allow(token)
+        return address
+
     async def pid(self) -> int:
         """The actor's process id (fault injection kills it to crash the actor)."""
         return os.getpid()
@@ -101,5 +115,7 @@ class EngineActor:
         return ray.get_runtime_context().get_node_id()
 
     async def shutdown(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
         if self._engine is not None:
             await self._engine.shutdown()
