@@ -71,6 +71,13 @@ def test_a_call_on_a_dead_engine_raises_engine_died(local_ray):
         try:
             client = backend.clients()["target"][0]
             ray.kill(backend._actors[0], no_restart=True)
+            # NOTE: the kill is asynchronous: Ray may call the actor dead while its process
+            # still serves the lane for a moment (an actor call would already fail), so wait
+            # for the process to be gone, which breaks the lane
+            for _ in range(100):
+                if client.lane is None or client.lane.broken is not None:
+                    break
+                await asyncio.sleep(0.1)
             with pytest.raises(EngineDied, match="engine sim-target-0 died under call x"):
                 await client.generate(GenerateRequest("x", "hello", 4, replay_text="a"))
             return await client.health()
