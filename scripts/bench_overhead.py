@@ -18,6 +18,11 @@ driver holding the result (the reply, the driver's event loop resuming the calle
 engine stamps its start and end on its clock, the actor's monotonic clock, which on one
 machine is the driver's: the legs are only meaningful for a local cluster.
 
+The Ray backend runs twice: with its engine lanes (the default: each engine call over one
+direct TCP stream per engine actor, :mod:`dynbranch.cluster.engine_lane`) and without them
+(``--no-engine-lane``: each engine call a Ray actor call), so the lane's gain is read in one
+run beside the in-process figure.
+
 Ray's own floor is measured beside them: the same calls (the same requests, to as many actors,
 started at the same moments) sent again to bare async actors that only stamp when they take
 a call up, so the legs of an engine call can be read against what Ray alone costs here.
@@ -92,10 +97,15 @@ def timed_ray_calls() -> Iterator[list[Call]]:
         RayEngineClient.generate = plain
 
 
-def measure(backend: str, requests: int, rate: float, out: Path) -> dict:
+ARMS = (("local", "local", True), ("ray", "ray", True), ("ray-actor-calls", "ray", False))
+"""Each measured path: its label, the backend, and whether engine lanes are on."""
+
+
+def measure(label: str, backend: str, lane: bool, requests: int, rate: float, out: Path,
+            *, floor: bool = False) -> dict:
     cfg = ReplayConfig(workload="routing", arm="floor", engine="zero", backend=backend,
                        clock="real", requests=requests, rate=rate, workers=4, seed=1,
-                       out=out / backend, progress=False)
+                       engine_lane=lane, out=out / label, progress=False)
     with timed_ray_calls() as calls:
         result = run_replay(prepare(cfg, progress=lambda _m: None))
     llm = [s for s in result.orchestrator.log.stages if s.kind == "llm"]
@@ -106,7 +116,8 @@ def measure(backend: str, requests: int, rate: float, out: Path) -> dict:
     if calls:
         stamps = np.array([(c.start, c.arrived, c.finished, c.end) for c in calls]) * 1e3
         got["legs"] = {name: _stats(stamps[:, b] - stamps[:, a]) for name, a, b in LEGS}
-        got["floor"] = ray_floor(calls)
+        if floor:
+            got["floor"] = ray_floor(calls)
     return got
 
 
@@ -163,9 +174,10 @@ def main() -> None:
     args = ap.parse_args()
     got = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for backend in ("local", "ray"):
-            r = got[backend] = measure(backend, args.requests, args.rate, Path(tmp))
-            print(f"{backend:>5}: {r['stages']} LLM stages (failed requests: {r['failed']})")
+        for label, backend, lane in ARMS:
+            r = got[label] = measure(label, backend, lane, args.requests, args.rate, Path(tmp),
+                                     floor=not lane)
+            print(f"{label}: {r['stages']} LLM stages (failed requests: {r['failed']})")
             print("   " + _line("stage duration       ", r["whole"]))
             print("   " + _line("overhead (less engine)", r["net"]))
             print("   " + _line("engine's own work    ", r["engine"]))
@@ -173,10 +185,11 @@ def main() -> None:
                 print("   " + _line(f"call leg: {name:<18}", q))
             for name, q in r.get("floor", {}).items():
                 print("   " + _line(f"Ray alone: {name:<17}", q))
-    local, ray_ = got["local"], got["ray"]
-    for part, label in (("whole", "stage duration"), ("net", "overhead less engine")):
-        print(f"ratio ray / local, {label} (this run): " + ", ".join(
-            f"{q} {ray_[part][q] / local[part][q]:.1f}x" for q in QUANTILES))
+    local = got["local"]
+    for path in ("ray", "ray-actor-calls"):
+        for part, label in (("whole", "stage duration"), ("net", "overhead less engine")):
+            print(f"ratio {path} / local, {label} (this run): " + ", ".join(
+                f"{q} {got[path][part][q] / local[part][q]:.1f}x" for q in QUANTILES))
 
 
 if __name__ == "__main__":
