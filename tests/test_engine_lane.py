@@ -8,16 +8,18 @@ import pytest
 
 from dynbranch.clock import RealClock
 from dynbranch.cluster.engine_lane import (
-    EngineLane,
     LaneBroken,
     LaneServer,
+    connect_lane,
     decode_load,
     decode_request,
     decode_result,
     encode_load,
     encode_request,
     encode_result,
+    engine_handler,
 )
+from dynbranch.cluster.stream import Lane
 from dynbranch.engines.protocol import (
     Engine,
     GenerateChunk,
@@ -66,14 +68,14 @@ class _Scripted(Engine):
         pass
 
 
-async def _serve(engine: Engine) -> tuple[LaneServer, EngineLane]:
+async def _serve(engine: Engine) -> tuple[LaneServer, Lane]:
     async def ready() -> Engine:
         return engine
 
-    server = LaneServer(ready)
+    server = LaneServer(engine_handler(ready))
     host, port = await server.start("127.0.0.1")
     server.allow(TOKEN)
-    return server, await EngineLane.connect(engine.engine_id, host, port, TOKEN)
+    return server, await connect_lane(engine.engine_id, host, port, TOKEN)
 
 
 def test_the_codec_gives_back_what_it_was_given():
@@ -150,7 +152,7 @@ def test_a_wrong_token_is_refused():
         host, port = server.address
         try:
             with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
-                await EngineLane.connect("scripted-0", host, port, b"f" * 16)
+                await connect_lane("scripted-0", host, port, b"f" * 16)
         finally:
             server.close()
 

@@ -20,8 +20,9 @@ from dynbranch.backend import Backend, EngineClient, EngineSpec
 from dynbranch.clock import Clock
 from dynbranch.cluster.engine_lane import (
     OPEN_TIMEOUT_S,
-    EngineLane,
+    Lane,
     LaneBroken,
+    connect_lane,
     decode_load,
     decode_result,
     encode_request,
@@ -88,7 +89,7 @@ class RayEngineClient(EngineClient):
                  ) -> None:
         self._actor, self.engine_id = actor, engine_id
         self.health_timeout_s = health_timeout_s
-        self.lane: EngineLane | None = None
+        self.lane: Lane | None = None
         self.laned = False  # whether this client wants a lane (reopened after a break)
         self.lane_counts = {"opened": 0, "broken": 0, "failed_to_open": 0, "actor_calls": 0}
 
@@ -101,7 +102,7 @@ class RayEngineClient(EngineClient):
         try:
             async with asyncio.timeout(timeout_s):
                 host, port = await self._actor.open_lane.remote(token)
-                lane = await EngineLane.connect(self.engine_id, host, port, token)
+                lane = await connect_lane(self.engine_id, host, port, token)
         except Exception:  # NOTE: a dead actor, a closed port, a timeout: actor calls remain
             self.lane_counts["failed_to_open"] += 1
             return False
@@ -116,7 +117,7 @@ class RayEngineClient(EngineClient):
             await self.lane.close()
         self.lane, self.laned = None, False
 
-    def _open_lane(self) -> EngineLane | None:
+    def _open_lane(self) -> Lane | None:
         lane = self.lane
         if lane is None:
             return None
@@ -126,7 +127,7 @@ class RayEngineClient(EngineClient):
             return None
         return lane
 
-    async def _on_lane(self, lane: EngineLane, method: str, arg, request_id: str):
+    async def _on_lane(self, lane: Lane, method: str, arg, request_id: str):
         try:
             return await lane.call(method, arg, request_id)
         except LaneBroken as e:

@@ -18,7 +18,7 @@ import os
 from collections.abc import AsyncIterator
 
 from dynbranch.clock import RealClock
-from dynbranch.cluster.engine_lane import LaneServer
+from dynbranch.cluster.engine_lane import LaneServer, engine_handler
 from dynbranch.engines.config import EngineConfig
 from dynbranch.engines.protocol import (
     Engine,
@@ -99,7 +99,7 @@ class EngineActor:
 
         await self.ready()
         if self._lane is None:
-            self._lane = LaneServer(self.ready)
+            self._lane = LaneServer(engine_handler(self.ready))
         address = await self._lane.start(ray.util.get_node_ip_address())
         self._lane.allow(token)
         return address

@@ -1,0 +1,256 @@
+"""Direct streams to actors: one TCP connection per client, beside Ray's actor calls.
+
+An actor call goes through Ray's task machinery: the caller's core worker submits a task, the
+actor's core worker queues it and hands it to the actor's thread or event loop, and the reply
+comes back as an object. On this project's 2-core machine that costs about 2 / 8 ms (p50 /
+p99) per call at a replay's load, as much as the same calls sent to bare actors cost
+(``scripts/bench_overhead.py``'s "Ray alone" rows): Ray's own floor, not this code's.
+
+A lane skips that machinery for the calls a run makes all the time. The actor listens on a TCP
+port of its node (:class:`LaneServer`, on the actor's event loop or, for a threaded actor,
+on a thread of its own: :func:`serve_in_thread`), and the caller keeps one connection to it
+(:class:`Lane`), over which calls and replies travel as length-prefixed msgpack frames, many
+in flight at once, matched by call id. Ray still creates, places, restarts and stops the
+actors; a lane only carries calls. Who uses it: engine calls
+(:mod:`dynbranch.cluster.engine_lane`) and the gate's decisions
+(:meth:`GateActor.open_stream <dynbranch.cluster.gate.actor.GateActor.open_stream>`).
+
+- **Opening.** The caller sends the actor a fresh random token through an ordinary actor call,
+  which starts the listener once and returns its address; a connection's first frame must be
+  that token, or the actor closes it. A lane that cannot be opened (a port the cluster's
+  firewall drops, say) leaves its caller on actor calls.
+- **Breaking.** When the connection ends (the actor's process died, the network broke), every
+  call in flight on it raises :class:`LaneBroken`, and so does every later one: the caller
+  decides what a lost reply means (an engine call: the engine died; a gate call: send it
+  again the ordinary way, under the same call id).
+- **Errors.** What the actor's handler raises comes back to the caller as a row (its type's
+  name, message and ids) that the caller's ``errors`` function turns into an exception:
+  a lane carries no pickle.
+- **Cost.** Nothing while idle: both ends wait in the operating system's poll, not a busy
+  loop (Ray's compiled-graph channels poll, keeping a core busy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import struct
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+
+from dynbranch.errors import DynBranchError
+
+_LENGTH = struct.Struct("!I")
+MAX_FRAME = 1 << 28
+"""Largest frame either side accepts (a call's prompt or a result's text, encoded)."""
+OPEN_TIMEOUT_S = 10.0
+"""How long opening a lane (the actor call, the connection and its token) may take."""
+_FLUSH_AT = 1 << 20
+"""Bytes a side lets its write buffer hold before it waits for the socket to drain."""
+
+Handler = Callable[[str, Any], Awaitable[Any]]
+"""The actor's side of a lane: ``(method, argument) -> reply``, both msgpack-able."""
+
+
+class LaneBroken(DynBranchError):
+    """The lane's connection ended (or was never open): the call's reply cannot come."""
+
+
+def error_row(error: BaseException) -> dict[str, Any]:
+    """What a caller needs to raise ``error`` again: its type's name, message and ids."""
+    return {"type": type(error).__name__, "message": str(error),
+            "request_id": getattr(error, "request_id", None),
+            "cause": getattr(error, "cause", None)}
+
+
+def _frame(value: Any) -> bytes:
+    body = msgpack.packb(value, use_bin_type=True)
+    return _LENGTH.pack(len(body)) + body
+
+
+async def _read(reader: asyncio.StreamReader) -> Any:
+    """The next frame's value; ``None`` at a clean end of the stream."""
+    try:
+        head = await reader.readexactly(_LENGTH.size)
+    except asyncio.IncompleteReadError as e:
+        if not e.partial:
+            return None
+        raise
+    (n,) = _LENGTH.unpack(head)
+    if n > MAX_FRAME:
+        raise ConnectionError(f"a lane frame of {n} bytes (at most {MAX_FRAME})")
+    return msgpack.unpackb(await reader.readexactly(n), raw=False)
+
+
+async def _write(writer: asyncio.StreamWriter, value: Any) -> None:
+    writer.write(_frame(value))
+    if writer.transport.get_write_buffer_size() > _FLUSH_AT:
+        await writer.drain()
+
+
+class LaneServer:
+    """The actor's side: calls from authenticated connections, each run as its own task on
+    the loop the server was started on (so calls overlap as concurrent actor calls do)."""
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+        self._tokens: set[bytes] = set()
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.address: tuple[str, int] | None = None
+
+    async def start(self, host: str) -> tuple[str, int]:
+        """Listen on ``host`` at a free port (once); returns the address."""
+        if self._server is None:
+            self._server = await asyncio.start_server(self._serve, host, 0)
+            port = self._server.sockets[0].getsockname()[1]
+            self.address = (host, port)
+        assert self.address is not None
+        return self.address
+
+    def allow(self, token: bytes) -> None:
+        self._tokens.add(token)
+
+    def close(self) -> None:
+        """Stop listening and end every open connection (their callers see the lane break)."""
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            hello = await asyncio.wait_for(_read(reader), OPEN_TIMEOUT_S)
+            if not isinstance(hello, bytes) or not any(
+                    hmac.compare_digest(hello, t) for t in self._tokens):
+                return
+            await _write(writer, b"ok")
+            loop = asyncio.get_running_loop()
+            while (call := await _read(reader)) is not None:
+                task = loop.create_task(self._call(writer, *call))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (ConnectionError, OSError, asyncio.IncompleteReadError, TimeoutError,
+                ValueError, TypeError):
+            pass  # NOTE: a broken or malformed connection ends; the client sees it end
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _call(self, writer: asyncio.StreamWriter, call_id: int, method: str,
+                    arg: Any) -> None:
+        try:
+            reply = [call_id, 0, await self._handler(method, arg)]
+        except Exception as e:  # NOTE: the handler's error goes back to the caller
+            reply = [call_id, 1, error_row(e)]
+        if not writer.is_closing():
+            with contextlib.suppress(ConnectionError, OSError):
+                await _write(writer, reply)
+
+
+def serve_in_thread(server: LaneServer, host: str) -> tuple[str, int]:
+    """Run ``server`` on an event loop of its own, on a daemon thread (for an actor with no
+    loop: a threaded actor); returns its address once it listens."""
+    loop = asyncio.new_event_loop()
+    started: list[tuple[str, int]] = []
+    ready = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            started.append(loop.run_until_complete(server.start(host)))
+        finally:
+            ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=run, name="dynbranch lane", daemon=True).start()
+    if not ready.wait(OPEN_TIMEOUT_S) or not started:
+        raise LaneBroken(f"the lane's listener did not start on {host}")
+    return started[0]
+
+
+Errors = Callable[[str, dict[str, Any]], Exception]
+"""The caller's side of errors: ``(request_id, error row) -> the exception to raise``."""
+
+
+class Lane:
+    """The caller's side: one connection to an actor, many calls in flight on it."""
+
+    def __init__(self, name: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 errors: Errors) -> None:
+        self.name, self._errors = name, errors
+        self._reader, self._writer = reader, writer
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future] = {}
+        self.broken: str | None = None
+        self.calls = 0
+        self._reading = asyncio.get_running_loop().create_task(
+            self._read_replies(), name=f"lane {name}")
+
+    @classmethod
+    async def connect(cls, name: str, host: str, port: int, token: bytes,
+                      errors: Errors) -> Lane:
+        """A lane to the actor listening at ``host:port``, authenticated by ``token``."""
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            await _write(writer, token)
+            if await _read(reader) != b"ok":
+                raise ConnectionError(f"{name} refused the lane's token")
+        except BaseException:
+            writer.close()
+            raise
+        return cls(name, reader, writer, errors)
+
+    async def call(self, method: str, arg: Any, request_id: str = "") -> Any:
+        """``method(arg)`` on the actor; raises what its handler raised (through ``errors``),
+        or :class:`LaneBroken`."""
+        if self.broken is not None:
+            raise LaneBroken(self.broken)
+        call_id = next(self._ids)
+        reply = self._pending[call_id] = asyncio.get_running_loop().create_future()
+        try:
+            await _write(self._writer, [call_id, method, arg])
+            self.calls += 1
+            status, payload = await reply
+        except (ConnectionError, OSError) as e:
+            raise LaneBroken(f"{type(e).__name__}: {e}") from None
+        finally:
+            self._pending.pop(call_id, None)
+        if status:
+            raise self._errors(request_id, payload)
+        return payload
+
+    async def _read_replies(self) -> None:
+        reason = f"{self.name} closed the lane"
+        try:
+            while (reply := await _read(self._reader)) is not None:
+                call_id, status, payload = reply
+                future = self._pending.get(call_id)
+                if future is not None and not future.done():
+                    future.set_result((status, payload))
+        except (ConnectionError, OSError, asyncio.IncompleteReadError, ValueError,
+                TypeError) as e:
+            reason = f"{type(e).__name__}: {e}"
+        finally:
+            self._break(reason)
+
+    def _break(self, reason: str) -> None:
+        if self.broken is None:
+            self.broken = reason
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(LaneBroken(reason))
+        self._writer.close()
+
+    async def close(self) -> None:
+        self._break("closed")
+        self._reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reading
