@@ -97,10 +97,11 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
                    help="ray: send C3's gate calls over a Ray Compiled Graph channel (a decision's "
                         "p99 under 1 ms, not an actor call's several; the gate actor keeps "
                         "one CPU core busy while it is open)")
-    p.add_argument("--no-engine-lane", dest="engine_lane", action="store_false",
-                   help="ray: send engine calls as Ray actor calls, not over the direct stream "
-                        "each engine actor opens on its node (a free port per engine; a "
-                        "lane that cannot connect falls back to actor calls by itself)")
+    p.add_argument("--no-stream-lanes", dest="stream_lanes", action="store_false",
+                   help="ray: send engine calls and C3's gate calls as Ray actor calls, not "
+                        "over the direct stream each engine actor and the gate open on their "
+                        "node (a free port each; a lane that cannot connect falls back to "
+                        "actor calls by itself)")
     p.add_argument("--network", default="none", choices=["none", "vastai-wan", "vastai-cluster"],
                    help="model the driver-to-worker network (engines on other nodes)")
     p.add_argument("--out", default="runs/replay",
@@ -237,7 +238,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         drafter_think_tokens=args.drafter_think_tokens, depth=args.depth, gate=args.gate,
         p_star=args.p_star, store_mb=args.store_mb, eviction=args.eviction,
         max_inflight=args.max_inflight, deadline_s=args.deadline_s, tenants=args.tenants,
-        gate_lane=args.gate_lane, engine_lane=args.engine_lane, network=args.network, out=args.out,
+        gate_lane=args.gate_lane, stream_lanes=args.stream_lanes, network=args.network,
+        out=args.out,
         progress=not args.quiet,
         workload_options={} if args.plan is None else {"plan": args.plan})
     progress = print if not args.quiet else (lambda _msg: None)

@@ -98,7 +98,7 @@ class ReplayConfig:
     data_dir: str | None = None
     address: str | None = None
     gate_lane: bool = False  # ray: the gate's decisions over a compiled graph (a busy core)
-    engine_lane: bool = True  # ray: engine calls over direct streams, not actor calls
+    stream_lanes: bool = True  # ray: engine and gate calls over direct streams (cluster/stream)
     network: str = "none"  # a modelled driver-to-worker network (dynbranch/engines/network.py)
     progress: bool = True
     workload_options: dict[str, Any] = field(default_factory=dict)
@@ -249,7 +249,7 @@ def make_backend(cfg: ReplayConfig, clock: Clock) -> Backend:
     from dynbranch.cluster import RayBackend  # the only place Ray enters
 
     return RayBackend(clock, roles, address=cfg.address, gate_lane=cfg.gate_lane,
-                      engine_lane=cfg.engine_lane)
+                      stream_lanes=cfg.stream_lanes)
 
 
 @dataclass

@@ -8,8 +8,9 @@ awaited call at a time, then with ``--callers`` concurrent callers; the actor's 
 ``ping`` gives Ray's own round trip on this machine for scale. A branch entry is timed both
 ways: ``generation`` then ``admit`` (two calls) and ``decide`` (Actions 0 and 1 in one call,
 what the priced policy asks the Ray gate); a last table sets each op beside the in-process
-figure of the same run, with the ratio. Then the same ops through a second client that
-sends them over the gate's compiled-graph lane (``dynbranch/cluster/gate/lane.py``; the
+figure of the same run, with the ratio. Then the same ops through a client that sends them
+over a stream lane (``dynbranch/cluster/stream.py``: one TCP connection to the actor, the Ray
+backend's default), and through one that sends them over the gate's compiled-graph lane (``dynbranch/cluster/gate/lane.py``; the
 actor keeps a core busy while it is open), with its own ratio table. Prints p50/p99 latency in
 microseconds and decisions per second (sequential: one over the mean latency; concurrent:
 calls over the phase's wall time, which includes one batched ``release`` per 32 admits).
@@ -193,8 +194,8 @@ async def bench_checkpoint(deployment) -> list[str]:
 
 
 def ratio_table(measured: dict[tuple[str, str], list[float]], where: str) -> list[str]:
-    """Each op through the actor (``where``: ``ray``, an actor call, or ``lane``, the
-    compiled-graph lane) beside the in-process gate of the same run, and the ratio."""
+    """Each op through the actor (``where``: ``ray``, an actor call, ``stream``, the stream
+    lane, or ``lane``, the compiled-graph lane) beside the in-process gate of the same run, and the ratio."""
     lines = [f"this run, {where} against in process (ms):\n  {'op':<52}{'local p50':>10}"
              f"{'p99':>8}{where + ' p50':>9}{'p99':>8}{'ratio p50':>11}{'p99':>7}"]
     for (at, op), us in measured.items():
@@ -224,6 +225,13 @@ async def run(calls: int, callers: int) -> list[str]:
             lines.append(row("ray   ping (a no-op round trip), sequential", us,
                              1e6 / statistics.fmean(us)))
             lines += await bench_client("ray  ", client, calls, callers, measured)
+            streamed = deployment.client(model, config, stream=True)
+            lines += await bench_client("stream", streamed, calls, callers, measured)
+            counts = (await streamed.stats())["client"]
+            lines.append(f"  (stream: {counts['stream_calls']:,} calls over the stream lane, "
+                         f"{counts['stream_broken']} broken, {counts['stream_unopened']} "
+                         f"unopened)")
+            streamed.close_lane()
             # NOTE: the lane opens at its client's first call, after the plain client's
             # phases (its polling thread must not slow them), and closes before the kill.
             laned = deployment.client(model, config, lane=True)
@@ -234,7 +242,8 @@ async def run(calls: int, callers: int) -> list[str]:
                          f"{counts['lane_unopened']} unopened)")
             laned.close_lane()
             lines += ["checkpoint:", *await bench_checkpoint(deployment)]
-            lines += ratio_table(measured, "ray") + ratio_table(measured, "lane")
+            lines += (ratio_table(measured, "ray") + ratio_table(measured, "stream")
+                      + ratio_table(measured, "lane"))
         finally:
             deployment.stop()
     return lines

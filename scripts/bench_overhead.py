@@ -20,7 +20,7 @@ machine is the driver's: the legs are only meaningful for a local cluster.
 
 The Ray backend runs twice: with its engine lanes (the default: each engine call over one
 direct TCP stream per engine actor, :mod:`dynbranch.cluster.engine_lane`) and without them
-(``--no-engine-lane``: each engine call a Ray actor call), so the lane's gain is read in one
+(``--no-stream-lanes``: each engine call a Ray actor call), so the lane's gain is read in one
 run beside the in-process figure.
 
 Ray's own floor is measured beside them: the same calls (the same requests, to as many actors,
@@ -105,7 +105,7 @@ def measure(label: str, backend: str, lane: bool, requests: int, rate: float, ou
             *, floor: bool = False) -> dict:
     cfg = ReplayConfig(workload="routing", arm="floor", engine="zero", backend=backend,
                        clock="real", requests=requests, rate=rate, workers=4, seed=1,
-                       engine_lane=lane, out=out / label, progress=False)
+                       stream_lanes=lane, out=out / label, progress=False)
     with timed_ray_calls() as calls:
         result = run_replay(prepare(cfg, progress=lambda _m: None))
     llm = [s for s in result.orchestrator.log.stages if s.kind == "llm"]

@@ -104,7 +104,7 @@ def test_calls_come_back_from_a_real_engine_many_in_flight():
             aborted = await lane.call("abort", "never-sent", "never-sent")
             return requests, [decode_result(r) for r in results], load, aborted, lane.calls
         finally:
-            await lane.close()
+            lane.close()
             server.close()
 
     requests, results, load, aborted, calls = clock.run(main())
@@ -132,7 +132,7 @@ def test_engine_errors_come_back_typed():
                 await lane.call("pickle", None, "r")
             load = decode_load(await lane.call("load", None, "load"))
         finally:
-            await lane.close()
+            lane.close()
             server.close()
         return got, load
 
@@ -148,7 +148,7 @@ def test_a_wrong_token_is_refused():
 
     async def main():
         server, lane = await _serve(_Scripted())
-        await lane.close()
+        lane.close()
         host, port = server.address
         try:
             with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
@@ -174,7 +174,7 @@ def test_calls_in_flight_when_the_connection_ends_raise_lane_broken():
         with pytest.raises(LaneBroken):  # NOTE: and a later call fails at once, unsent
             await lane.call("load", None, "load")
         engine.release.set()
-        await lane.close()
+        lane.close()
         return lane.broken
 
     assert clock.run(main())

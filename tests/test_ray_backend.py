@@ -63,7 +63,7 @@ def test_requests_run_on_engine_actors_and_nothing_outlives_shutdown(local_ray):
 def test_without_lanes_engine_calls_are_actor_calls(local_ray):
     clock = RealClock()
     backend = RayBackend(clock, {"target": EngineSpec("sim", "qwen3-0.6b@h200", 1)},
-                         engine_lane=False)
+                         stream_lanes=False)
 
     async def main():
         await backend.start()

@@ -107,14 +107,14 @@ class RayEngineClient(EngineClient):
             self.lane_counts["failed_to_open"] += 1
             return False
         if self.lane is not None:
-            await self.lane.close()
+            self.lane.close()
         self.lane = lane
         self.lane_counts["opened"] += 1
         return True
 
-    async def close_lane(self) -> None:
+    def close_lane(self) -> None:
         if self.lane is not None:
-            await self.lane.close()
+            self.lane.close()
         self.lane, self.laned = None, False
 
     def _open_lane(self) -> Lane | None:
@@ -211,12 +211,12 @@ class RayBackend(Backend):
 
     def __init__(self, clock: Clock, roles: Mapping[str, EngineSpec], *,
                  address: str | None = None, gate_lane: bool = False,
-                 engine_lane: bool = True) -> None:
+                 stream_lanes: bool = True) -> None:
         if clock.kind != "real":
             raise ConfigError("the Ray backend runs on the real clock only")
         self.clock, self._roles, self._address = clock, dict(roles), address
         self.gate_lane = gate_lane  # the gate's decisions over a compiled graph (gate/lane.py)
-        self.engine_lane = engine_lane  # engine calls over direct streams (engine_lane.py)
+        self.stream_lanes = stream_lanes  # engine and gate calls over streams (stream.py)
         self._actors: list = []
         self._store_actors: list = []
         self.shard_sets: list = []  # one per store made (its counters go into the summary)
@@ -269,7 +269,7 @@ class RayBackend(Backend):
                 index += 1
             self._clients[role] = clients
         await _gather([a.start.remote() for a in self._actors])
-        if self.engine_lane:
+        if self.stream_lanes:
             await asyncio.gather(*(c.open_lane() for cs in self._clients.values() for c in cs
                                    if isinstance(c, RayEngineClient)))
 
@@ -320,7 +320,8 @@ class RayBackend(Backend):
         # NOTE: set here, not in __init__, so that make_gate stays self-contained.
         if getattr(self, "_gate", None) is None:
             self._gate = GateDeployment.start(model, config, checkpoint_dir)
-        return self._gate.client(model, config, lane=self.gate_lane and not self._gate.laned)
+        return self._gate.client(model, config, lane=self.gate_lane and not self._gate.laned,
+                                 stream=self.stream_lanes)
 
     async def shutdown(self) -> None:
         import ray
@@ -329,7 +330,7 @@ class RayBackend(Backend):
         for clients in self._clients.values():
             for c in clients:
                 if isinstance(c, RayEngineClient):
-                    await c.close_lane()
+                    c.close_lane()
         try:
             if self._actors:
                 # NOTE: an engine that died mid-run cannot shut down; it is killed below like

@@ -61,6 +61,10 @@ class LaneBroken(DynBranchError):
     """The lane's connection ended (or was never open): the call's reply cannot come."""
 
 
+class Unsendable(LaneBroken):
+    """A call whose argument msgpack cannot encode: not sent, and the lane stays open."""
+
+
 def error_row(error: BaseException) -> dict[str, Any]:
     """What a caller needs to raise ``error`` again: its type's name, message and ids."""
     return {"type": type(error).__name__, "message": str(error),
@@ -191,7 +195,8 @@ class Lane:
         self._pending: dict[int, asyncio.Future] = {}
         self.broken: str | None = None
         self.calls = 0
-        self._reading = asyncio.get_running_loop().create_task(
+        self.loop = asyncio.get_running_loop()  # NOTE: a lane serves callers on this loop only
+        self._reading = self.loop.create_task(
             self._read_replies(), name=f"lane {name}")
 
     @classmethod
@@ -214,9 +219,15 @@ class Lane:
         if self.broken is not None:
             raise LaneBroken(self.broken)
         call_id = next(self._ids)
+        try:
+            frame = _frame([call_id, method, arg])
+        except (TypeError, ValueError, OverflowError) as e:
+            raise Unsendable(f"{method}: {type(e).__name__}: {e}") from None
         reply = self._pending[call_id] = asyncio.get_running_loop().create_future()
         try:
-            await _write(self._writer, [call_id, method, arg])
+            self._writer.write(frame)
+            if self._writer.transport.get_write_buffer_size() > _FLUSH_AT:
+                await self._writer.drain()
             self.calls += 1
             status, payload = await reply
         except (ConnectionError, OSError) as e:
@@ -249,8 +260,7 @@ class Lane:
                 future.set_exception(LaneBroken(reason))
         self._writer.close()
 
-    async def close(self) -> None:
+    def close(self) -> None:
+        """End the connection; calls in flight raise :class:`LaneBroken`."""
         self._break("closed")
         self._reading.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._reading

@@ -48,6 +48,7 @@ from dynbranch.cluster.gate.codec import (
 )
 from dynbranch.cluster.gate.journal import FORMAT, GateCheckpoint
 from dynbranch.cluster.gate.lane import LANE_METHODS
+from dynbranch.cluster.stream import LaneServer, serve_in_thread
 from dynbranch.errors import ConfigError, DynBranchError
 from dynbranch.gate import (
     Admission,
@@ -99,6 +100,8 @@ class GateActor:
         # own thread (:mod:`~dynbranch.cluster.gate.lane`); both take this lock, so each
         # call still runs to completion, one at a time.
         self._lock = threading.RLock()
+        self._stream: LaneServer | None = None  # the stream lane's listener (open_stream)
+        self._stream_address: tuple[str, int] = ("", 0)
         self.restored = self._restore(model, config)
 
     # -- the GateClient's calls ------------------------------------------------------------
@@ -153,6 +156,38 @@ class GateActor:
         """Admits whose replies a client gave up on: release what they reserved, and make
         any of them that has not run yet admit nothing. Returns how many receipts that freed."""
         return self._run("abandon", None, [list(call_ids)])
+
+    async def open_stream(self, token: bytes) -> list:
+        """Listen for a stream lane (:mod:`dynbranch.cluster.stream`) on this node, once, on
+        a thread of its own, and let a connection that first sends ``token`` in; returns the
+        listener's address.
+
+        Its calls are :data:`~dynbranch.cluster.gate.lane.LANE_METHODS` with their journal
+        rows (``[call_id, args]``, what the methods above build) and their replies come back
+        as :func:`~dynbranch.cluster.gate.codec.encode_reply` rows: they take the actor's lock
+        like every call, so each still runs to completion, one at a time.
+        """
+        import ray
+
+        if self._stream is None:
+            async def handle(method: str, arg: list) -> Any:
+                return self._stream_run(method, arg)
+
+            self._stream = LaneServer(handle)
+            self._stream_address = serve_in_thread(self._stream,
+                                                   ray.util.get_node_ip_address())
+        self._stream.allow(token)
+        return list(self._stream_address)
+
+    def _stream_run(self, op: str, arg: list) -> Any:
+        """One stream-lane call: ``op`` with its journal rows, as the methods above run it."""
+        if op not in LANE_METHODS:
+            raise ValueError(f"{op!r} does not go through the gate lane")
+        call_id, args = arg
+        reply = self._run(op, call_id, args)
+        if op == "decide" and not isinstance(reply, BranchDecision):
+            reply = BranchDecision(_CLOSED)  # NOTE: as ``decide`` answers an abandoned id
+        return encode_reply(op, reply) if op in ("generation", "admit", "decide") else reply
 
     def lane(self, request: tuple[str, Sequence[Any]]) -> tuple[bool, Any]:
         """One call of the compiled-graph lane (:mod:`~dynbranch.cluster.gate.lane`):

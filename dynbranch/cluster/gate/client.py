@@ -8,25 +8,40 @@ therefore costs fills, never a request, and never admits an unpriced fill. Each 
 or learning call carries a fresh call id, which the actor uses to answer a retry from its
 log (:mod:`~dynbranch.cluster.gate.actor`).
 
-With ``lane=True`` the calls that decide or change the gate go through a compiled-graph
-channel (:mod:`~dynbranch.cluster.gate.lane`) while it works, and the plain way (with the
-retries above) from the first call it fails on.
+With ``stream=True`` (the Ray backend's default) the calls that decide or change the gate
+go over a stream lane (:mod:`~dynbranch.cluster.stream`, one TCP connection to the actor,
+idle at no cost); with ``lane=True`` over a compiled-graph channel
+(:mod:`~dynbranch.cluster.gate.lane`, which keeps a core busy). Either carries them while it
+works, and the plain way (with the retries above, under the same call ids) from the first
+call it fails on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import itertools
 import math
+import secrets
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dynbranch.cluster.gate.codec import encode_candidate
+from dynbranch import errors
+from dynbranch.cluster.gate.codec import (
+    decode_reply,
+    encode_candidate,
+    encode_observation,
+    encode_receipt,
+    encode_settlement,
+)
 from dynbranch.cluster.gate.lane import GateLane, LaneBroken, fits_lane
+from dynbranch.cluster.stream import OPEN_TIMEOUT_S as STREAM_OPEN_TIMEOUT_S
+from dynbranch.cluster.stream import Lane, Unsendable
+from dynbranch.cluster.stream import LaneBroken as StreamBroken
 from dynbranch.gate import (
     Admission,
     Candidate,
@@ -86,7 +101,7 @@ class RayGateClient(GateClient):
     batches_decisions = True
 
     def __init__(self, actor: ActorHandle, policy: str, retry: RetryPolicy | None = None,
-                 *, lane: bool = False) -> None:
+                 *, lane: bool = False, stream: bool = False) -> None:
         self._actor, self.policy = actor, policy
         self.retry = retry or RetryPolicy()
         self._ids = (f"{uuid.uuid4().hex[:12]}:{i}" for i in itertools.count())
@@ -95,6 +110,8 @@ class RayGateClient(GateClient):
         self._pending: list[tuple[str, tuple]] = []
         self.wants_lane = lane
         self._lane: GateLane | None = None  # opened once the actor first answers
+        self.wants_stream = stream and not lane
+        self._stream: Lane | None = None  # a stream lane (cluster/stream.py), opened likewise
         self.lane_error: str | None = None  # why the lane broke or did not open
         self.counts = dict.fromkeys(
             (
@@ -107,6 +124,9 @@ class RayGateClient(GateClient):
                 "lane_calls",
                 "lane_broken",
                 "lane_unopened",
+                "stream_calls",
+                "stream_broken",
+                "stream_unopened",
             ),
             0,
         )
@@ -184,7 +204,8 @@ class RayGateClient(GateClient):
             f"pending_{m}": sum(1 for n, _ in self._pending if n == m)
             for m in ("release", "learn", "abandon")
         }
-        lane = {"lane_error": self.lane_error} if self.wants_lane else {}
+        lane = ({"lane_error": self.lane_error} if self.wants_lane or self.wants_stream
+                else {})
         return {**got, "client": {**self.counts, **queued, **lane}}
 
     async def close(self) -> None:
@@ -195,10 +216,17 @@ class RayGateClient(GateClient):
             self.close_lane()
 
     def close_lane(self) -> None:
-        """Tear down the compiled-graph lane, if open (later calls go the plain way)."""
+        """Tear down the compiled-graph lane or the stream lane, if open (later calls go the
+        plain way)."""
         lane, self._lane = self._lane, None
         if lane is not None:
             lane.close()
+        self._drop_stream()
+
+    def _drop_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
 
     # -- internals -------------------------------------------------------------------------
 
@@ -260,6 +288,26 @@ class RayGateClient(GateClient):
                 self.counts["lane_broken"] += 1
                 self.lane_error = str(e)
                 self.close_lane()
+        stream = self._stream
+        if stream is not None and stream.loop is not asyncio.get_running_loop():
+            # NOTE: a client driven from a new event loop (one ``asyncio.run`` after another)
+            # opens its stream again on it: a stream belongs to the loop that opened it
+            self._drop_stream()
+            await self._open_stream()
+            stream = self._stream
+        if stream is not None and fits_lane(method, args):
+            try:
+                reply = await asyncio.wait_for(stream.call(method, _stream_rows(method, args)),
+                                               self.retry.call_timeout_s)
+                self.counts["stream_calls"] += 1
+                return _stream_reply(method, reply)
+            except Unsendable:
+                pass  # NOTE: this call goes the plain way; the lane stays open
+            except (StreamBroken, TimeoutError) as e:
+                # NOTE: as for the compiled lane: sent again below under the same call id
+                self.counts["stream_broken"] += 1
+                self.lane_error = f"{type(e).__name__}: {e}"
+                self._drop_stream()
         retry = self.retry
         deadline, pause = time.monotonic() + retry.deadline_s, retry.backoff_s
         while True:
@@ -291,6 +339,8 @@ class RayGateClient(GateClient):
         if self._ready is None:
             return  # NOTE: another caller finished the start-up while this one waited
         self._ready = None
+        if self.wants_stream:
+            await self._open_stream()
         if self.wants_lane:
             try:
                 self._lane = GateLane(self._actor, self.retry.call_timeout_s,
@@ -298,6 +348,56 @@ class RayGateClient(GateClient):
             except Exception as e:  # NOTE: no lane (no compiled graphs, actor down): plain
                 self.counts["lane_unopened"] += 1
                 self.lane_error = f"{type(e).__name__}: {str(e).strip()[:300]}"
+
+
+    async def _open_stream(self) -> None:
+        token = secrets.token_bytes(16)
+        try:
+            async with asyncio.timeout(STREAM_OPEN_TIMEOUT_S):
+                host, port = await self._actor.open_stream.remote(token)
+                self._stream = await Lane.connect("the gate", host, port, token, _gate_error)
+        except Exception as e:  # NOTE: no lane (a closed port, actor down): plain calls
+            self.counts["stream_unopened"] += 1
+            self.lane_error = f"{type(e).__name__}: {str(e).strip()[:300]}"
+
+
+def _stream_rows(method: str, args: tuple) -> list:
+    """A gate call's arguments as the stream lane carries them: ``[call_id, journal rows]``,
+    what :class:`GateActor`'s methods build from the same arguments."""
+    if method == "generation":  # (call_id, coordinate, now)
+        return [args[0], [args[1], args[2]]]
+    if method == "admit":  # (call_id, coordinate, candidates, view, now)
+        call_id, coordinate, candidates, view, now = args
+        return [call_id, [coordinate, [encode_candidate(c) for c in candidates],
+                          list(view.as_tuple()), now]]
+    if method == "decide":  # (call_id, coordinate, rows, view tuple, now)
+        call_id, coordinate, rows, view, now = args
+        return [call_id, [coordinate, list(rows), list(view), now]]
+    if method == "release":  # (reservations,)
+        return [None, [[encode_receipt(r) for r in args[0]]]]
+    if method == "learn":  # (call_id, observations, settlements)
+        call_id, observations, settlements = args
+        return [call_id, [[encode_observation(o) for o in observations],
+                          [encode_settlement(s) for s in settlements]]]
+    if method == "abandon":  # (call_ids,)
+        return [None, [list(args[0])]]
+    raise ValueError(f"{method!r} does not go through the gate lane")
+
+
+def _stream_reply(method: str, row: Any) -> Any:
+    """The inverse of the actor's encoding of a stream-lane reply."""
+    return decode_reply(method, row) if method in ("generation", "admit", "decide") else row
+
+
+def _gate_error(request_id: str, row: dict[str, Any]) -> Exception:
+    """The gate's error (a bad input) raised again as the type it raised, where that is a
+    built-in or a :mod:`dynbranch.errors` type taking a message."""
+    name, message = row["type"], row["message"]
+    kind = getattr(builtins, name, None) or getattr(errors, name, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        with contextlib.suppress(TypeError):
+            return kind(message)
+    return RuntimeError(f"{name} in the gate: {message}")
 
 
 def _merged(todo: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:

@@ -95,13 +95,15 @@ class GateDeployment:
 
     def client(
         self, model: ContentionModel, config: GateConfig, retry: RetryPolicy | None = None,
-        *, lane: bool = False,
+        *, lane: bool = False, stream: bool = False,
     ) -> RayGateClient:
         """A new client of this run's gate, which must be the gate ``model``/``config`` ask for.
 
         ``lane``: the client's decisions go through a compiled-graph channel
         (:mod:`~dynbranch.cluster.gate.lane`; it keeps a core of the actor's node busy).
         NOTE: the actor runs one compiled graph at a time, so one laned client per gate.
+        ``stream``: a client without a compiled lane sends them over a stream lane instead
+        (:mod:`~dynbranch.cluster.stream`; any number of clients, no busy core).
         """
         if model != self.model or config != self.config:
             raise ConfigError(
@@ -112,7 +114,7 @@ class GateDeployment:
             raise ConfigError(f"run's central gate {self.name} already has a laned client "
                               f"(an actor runs one compiled graph at a time)")
         client = RayGateClient(self.actor, make_policy(config.policy, config.p_star).name,
-                               retry, lane=lane)
+                               retry, lane=lane, stream=stream)
         self.clients.append(client)
         return client
 
