@@ -9,6 +9,11 @@ The backend creates it with ``max_restarts``: when its process dies, Ray builds 
 with the same arguments, and the first call to reach the new instance starts its engine
 (:meth:`EngineActor.ready`), so a restarted engine serves without anyone calling
 :meth:`EngineActor.start` again. Its ``health`` is what the pool's probe asks.
+
+The driver's client sends the calls a run makes all the time (``generate``, ``abort``,
+``load``) over a stream lane the actor opens on its node (:meth:`EngineActor.open_lane`,
+:mod:`dynbranch.cluster.engine_lane`), served on this same loop; the methods below answer
+them as actor calls too, for ``--no-stream-lanes`` and while no lane is open.
 """
 
 from __future__ import annotations
