@@ -167,6 +167,19 @@ async def bench_client(name: str, client: GateClient, calls: int, callers: int,
     return lines
 
 
+async def bench_laned(name: str, client, counter: str, how: str, calls: int, callers: int,
+                      measured: dict[tuple[str, str], list[float]]) -> list[str]:
+    """:func:`bench_client` on a client with a lane, then what its lane carried, and the
+    lane closed."""
+    lines = await bench_client(name, client, calls, callers, measured)
+    counts = (await client.stats())["client"]
+    lines.append(f"  ({name.strip()}: {counts[counter + '_calls']:,} calls {how}, "
+                 f"{counts[counter + '_broken']} broken, {counts[counter + '_unopened']} "
+                 f"unopened)")
+    client.close_lane()
+    return lines
+
+
 async def bench_checkpoint(deployment) -> list[str]:
     """One snapshot's size and round trip, then the time a killed actor takes to answer."""
     import ray
@@ -225,22 +238,14 @@ async def run(calls: int, callers: int) -> list[str]:
             lines.append(row("ray   ping (a no-op round trip), sequential", us,
                              1e6 / statistics.fmean(us)))
             lines += await bench_client("ray  ", client, calls, callers, measured)
-            streamed = deployment.client(model, config, stream=True)
-            lines += await bench_client("stream", streamed, calls, callers, measured)
-            counts = (await streamed.stats())["client"]
-            lines.append(f"  (stream: {counts['stream_calls']:,} calls over the stream lane, "
-                         f"{counts['stream_broken']} broken, {counts['stream_unopened']} "
-                         f"unopened)")
-            streamed.close_lane()
-            # NOTE: the lane opens at its client's first call, after the plain client's
+            lines += await bench_laned("stream", deployment.client(model, config, stream=True),
+                                       "stream", "over the stream lane", calls, callers,
+                                       measured)
+            # NOTE: the lane opens at its client's first call, after the other clients'
             # phases (its polling thread must not slow them), and closes before the kill.
-            laned = deployment.client(model, config, lane=True)
-            lines += await bench_client("lane ", laned, calls, callers, measured)
-            counts = (await laned.stats())["client"]
-            lines.append(f"  (lane: {counts['lane_calls']:,} calls through the compiled "
-                         f"graph, {counts['lane_broken']} broken, "
-                         f"{counts['lane_unopened']} unopened)")
-            laned.close_lane()
+            lines += await bench_laned("lane ", deployment.client(model, config, lane=True),
+                                       "lane", "through the compiled graph", calls, callers,
+                                       measured)
             lines += ["checkpoint:", *await bench_checkpoint(deployment)]
             lines += (ratio_table(measured, "ray") + ratio_table(measured, "stream")
                       + ratio_table(measured, "lane"))

@@ -90,6 +90,47 @@ async def drive(gate: GateClient, rounds: int = 40, seed: int = 7) -> list:
     return answers
 
 
+def decided_as_in_process(deployment, **lane) -> dict:
+    """A new client of ``deployment`` (made with ``lane``), driven by :func:`drive` beside an
+    in-process gate: the same answers, and the same gate after. Returns its counters."""
+    model, config = deployment.model, deployment.config
+    client = deployment.client(model, config, PATIENT, **lane)
+    local = LocalGateClient(Gate(model, config))
+    assert asyncio.run(drive(client)) == asyncio.run(drive(local))
+    assert ray.get(deployment.actor.state.remote()) == local.gate.state()
+    return asyncio.run(client.stats())["client"]
+
+
+def killed_and_back(deployment, **lane) -> tuple[dict, int]:
+    """A client of ``deployment`` (made with ``lane``) admits and asks, on one event loop;
+    the actor is killed and restarted (what the gate learned survives); the client then asks
+    and releases what it held, which must all succeed. Returns its counters and how many of
+    its calls went through its lane before the kill."""
+    model, config = deployment.model, deployment.config
+    client = deployment.client(model, config, PATIENT, **lane)
+    cands = candidates(random.Random(5))
+
+    async def main():
+        held = [a.reservation for a in await client.admit("warm", cands, LoadView(), 0.0)
+                if a.admitted]
+        await client.generation("warm", 0.1)
+        before = client.counts["lane_calls"] + client.counts["stream_calls"]
+        learned = _learned(await deployment.actor.state.remote())
+        ray.kill(deployment.actor, no_restart=False)
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(_wait_until_up, deployment.actor)
+        assert _learned(await deployment.actor.state.remote()) == learned
+        opened = await client.generation("warm", 1.0)  # breaks the lane, then plainly
+        freed = await client.release(held)
+        stats = await client.stats()
+        assert held and freed == len(held) and opened.open and stats["reserved_blocks"] == 0
+        counts = stats["client"]
+        assert counts["degraded_generation"] == 0 and counts["pending_release"] == 0
+        return counts, before
+
+    return asyncio.run(main())
+
+
 class _PlainClient(GateClient):
     """Drives a :class:`GateActor` object directly (no Ray), with call ids like the client."""
 

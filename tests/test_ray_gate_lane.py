@@ -10,13 +10,11 @@ gate takes one laned client, and ``--gate-lane`` is refused off Ray.
 
 import asyncio
 import random
-import time
 
 import pytest
 
 from dynbranch.errors import ConfigError
-from dynbranch.gate import Gate, LoadView
-from dynbranch.gate.client import LocalGateClient
+from dynbranch.gate import LoadView
 
 ray = pytest.importorskip("ray")
 
@@ -24,12 +22,10 @@ from dynbranch.cluster import GateActor, GateDeployment  # noqa: E402
 from dynbranch.cluster.gate.codec import encode_candidate  # noqa: E402
 from dynbranch.cluster.gate.lane import LANE_BATCH_MAX, LANE_METHODS, fits_lane  # noqa: E402
 from tests.test_ray_gate import (  # noqa: E402
-    PATIENT,
-    _learned,
-    _wait_until_up,
     candidates,
-    drive,
+    decided_as_in_process,
     gate_spec,
+    killed_and_back,
 )
 
 # -- the actor's side, as a plain object ----------------------------------------------------------
@@ -96,11 +92,7 @@ def test_a_laned_client_decides_as_an_in_process_gate(local_ray, tmp_path):
     model, config = gate_spec()
     deployment = GateDeployment.start(model, config, tmp_path)
     try:
-        client = deployment.client(model, config, PATIENT, lane=True)
-        local = LocalGateClient(Gate(model, config))
-        assert asyncio.run(drive(client)) == asyncio.run(drive(local))
-        assert ray.get(deployment.actor.state.remote()) == local.gate.state()
-        counts = asyncio.run(client.stats())["client"]
+        counts = decided_as_in_process(deployment, lane=True)
         assert counts["lane_calls"] > 40 and counts["lane_broken"] == 0
         assert counts["lane_calls"] == counts["calls"] - 1  # all but stats
         with pytest.raises(ConfigError, match="laned client"):
@@ -114,34 +106,9 @@ def test_a_laned_client_decides_as_an_in_process_gate(local_ray, tmp_path):
 def test_a_killed_gate_breaks_the_lane_once_and_the_client_goes_on_plainly(local_ray, tmp_path):
     model, config = gate_spec(audit_rate=0.0, generation_audit_rate=0.0)
     deployment = GateDeployment.start(model, config, tmp_path)
-    client = deployment.client(model, config, PATIENT, lane=True)
-    cands = candidates(random.Random(5))
-
-    async def before():
-        held = [a.reservation for a in await client.admit("warm", cands, LoadView(), 0.0)
-                if a.admitted]
-        await client.generation("warm", 0.1)
-        return held
-
     try:
-        held = asyncio.run(before())
-        assert held and client.counts["lane_calls"] == 2
-        learned = _learned(ray.get(deployment.actor.state.remote()))
-        ray.kill(deployment.actor, no_restart=False)
-        time.sleep(0.5)
-        _wait_until_up(deployment.actor)
-        assert _learned(ray.get(deployment.actor.state.remote())) == learned
-
-        async def after():
-            opened = await client.generation("warm", 1.0)  # breaks the lane, then plainly
-            freed = await client.release(held)
-            return freed, opened, await client.stats()
-
-        freed, opened, stats = asyncio.run(after())
-        assert freed == len(held) and opened.open and stats["reserved_blocks"] == 0
-        counts = stats["client"]
-        assert counts["lane_broken"] == 1 and counts["lane_calls"] == 2
+        counts, before = killed_and_back(deployment, lane=True)
+        assert before == 2 and counts["lane_broken"] == 1 and counts["lane_calls"] == 2
         assert "generation got no reply" in counts["lane_error"]
-        assert counts["degraded_generation"] == 0 and counts["pending_release"] == 0
     finally:
         deployment.stop()

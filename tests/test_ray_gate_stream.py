@@ -15,8 +15,7 @@ import pytest
 
 from dynbranch.cluster.gate.client import _gate_error, _stream_reply, _stream_rows
 from dynbranch.errors import ConfigError
-from dynbranch.gate import BranchReturn, Gate, LoadView, Observation, Settlement
-from dynbranch.gate.client import LocalGateClient
+from dynbranch.gate import BranchReturn, LoadView, Observation, Settlement
 
 ray = pytest.importorskip("ray")
 
@@ -24,11 +23,10 @@ from dynbranch.cluster import GateActor, GateDeployment  # noqa: E402
 from dynbranch.cluster.gate.codec import encode_candidate  # noqa: E402
 from tests.test_ray_gate import (  # noqa: E402
     PATIENT,
-    _learned,
-    _wait_until_up,
     candidates,
-    drive,
+    decided_as_in_process,
     gate_spec,
+    killed_and_back,
 )
 
 on_ray = pytest.mark.ray
@@ -94,11 +92,7 @@ def test_a_streamed_client_decides_as_an_in_process_gate(local_ray, tmp_path):
     model, config = gate_spec()
     deployment = GateDeployment.start(model, config, tmp_path)
     try:
-        client = deployment.client(model, config, PATIENT, stream=True)
-        local = LocalGateClient(Gate(model, config))
-        assert asyncio.run(drive(client)) == asyncio.run(drive(local))
-        assert ray.get(deployment.actor.state.remote()) == local.gate.state()
-        counts = asyncio.run(client.stats())["client"]
+        counts = decided_as_in_process(deployment, stream=True)
         assert counts["stream_calls"] > 40 and counts["stream_broken"] == 0
         assert counts["stream_calls"] == counts["calls"] - 1  # all but stats
         # NOTE: streams are not compiled graphs: any number of clients may hold one
@@ -114,28 +108,8 @@ def test_a_killed_gate_breaks_the_stream_once_and_the_client_goes_on_plainly(loc
                                                                                 tmp_path):
     model, config = gate_spec(audit_rate=0.0, generation_audit_rate=0.0)
     deployment = GateDeployment.start(model, config, tmp_path)
-    client = deployment.client(model, config, PATIENT, stream=True)
-    cands = candidates(random.Random(5))
-
-    async def main():
-        held = [a.reservation for a in await client.admit("warm", cands, LoadView(), 0.0)
-                if a.admitted]
-        await client.generation("warm", 0.1)
-        assert held and client.counts["stream_calls"] == 2
-        learned = _learned(await deployment.actor.state.remote())
-        ray.kill(deployment.actor, no_restart=False)
-        await asyncio.sleep(0.5)
-        await asyncio.to_thread(_wait_until_up, deployment.actor)
-        assert _learned(await deployment.actor.state.remote()) == learned
-        opened = await client.generation("warm", 1.0)  # breaks the stream, then plainly
-        freed = await client.release(held)
-        return held, freed, opened, await client.stats()
-
     try:
-        held, freed, opened, stats = asyncio.run(main())
-        assert freed == len(held) and opened.open and stats["reserved_blocks"] == 0
-        counts = stats["client"]
-        assert counts["stream_broken"] == 1 and counts["stream_calls"] == 2
-        assert counts["degraded_generation"] == 0 and counts["pending_release"] == 0
+        counts, before = killed_and_back(deployment, stream=True)
+        assert before == 2 and counts["stream_broken"] == 1 and counts["stream_calls"] == 2
     finally:
         deployment.stop()
