@@ -4,8 +4,11 @@ Fills a :class:`~dynbranch.cluster.RayStoreClient` (store actors on a local Ray 
 records' Arrow bytes in the object store) and a :class:`~dynbranch.reuse.client.LocalStoreClient`
 with the same records, then times one awaited call at a time: a lookup hit (for Ray: the
 shard's answer, fetching the object and decoding it), a lookup miss, a put, and a stage group's
-:data:`GROUP` hits started together (on Ray, one call per shard). Prints p50/p99 in
-microseconds, both paths from the same run, and their ratio. Numbers go into notes, not assertions.
+:data:`GROUP` hits started together (on Ray, one call per shard). The Ray store is timed
+twice: as actor calls to plain shards, and as the Ray backend runs it (restartable shards
+behind their :class:`~dynbranch.cluster.shard_set.ShardSet`, lookups over stream lanes,
+:mod:`dynbranch.cluster.store_lane`). Prints p50/p99 in microseconds, every path from the
+same run, and the ratios to the in-process store. Numbers go into notes, not assertions.
 
     python scripts/bench_store_ray.py [--records 2000] [--lookups 2000] [--shards 2]
 """
@@ -96,32 +99,41 @@ async def run(args: argparse.Namespace) -> None:
     import ray
 
     from dynbranch.cluster import RayStoreClient
+    from dynbranch.cluster.shard_set import ShardSet
     from dynbranch.cluster.store import make_shards
+    from dynbranch.cluster.store_faults import make_restartable_shards
 
     records = [make_record(i) for i in range(args.records)]
     print(f"records: {args.records}, mean serialised size "
           f"{statistics.mean(r.size for r in records):.0f} B, shards: {args.shards}, "
           f"lookups: {args.lookups}")
     shards = make_shards(CAPACITY, "lru", args.shards)
-    ray_client = RayStoreClient(shards)
-    local_client = LocalStoreClient(SubgraphStore(CAPACITY))
+    laned = ShardSet(make_restartable_shards(CAPACITY, "lru", args.shards), stream=True)
+    clients = {"ray": RayStoreClient(shards), "stream": RayStoreClient(laned.handles),
+               "local": LocalStoreClient(SubgraphStore(CAPACITY))}
     results = {}
-    for label, client in (("ray", ray_client), ("local", local_client)):
+    for label, client in clients.items():
         results[label] = await bench(client, records, args.lookups, random.Random(args.seed))
-    stats = await ray_client.stats()
-    print(f"ray store: {stats['records_held']} records, {stats['objects_held']} objects, "
-          f"{stats['object_bytes']:,} object bytes over {stats['shards']} shards")
-    if hasattr(ray_client, "batcher"):
-        b = ray_client.batcher.counts
-        print(f"ray lookups: {b['lookups']:,} in {b['calls']:,} shard calls")
-    print(f"{'path':<32}{'ray p50 us':>12}{'ray p99 us':>12}{'local p50 us':>14}"
-          f"{'local p99 us':>14}{'ratio p50':>11}{'ratio p99':>11}")
+    for label in ("ray", "stream"):
+        stats = await clients[label].stats()
+        b = clients[label].batcher.counts
+        print(f"{label} store: {stats['records_held']} records, {stats['objects_held']} "
+              f"objects, {stats['object_bytes']:,} object bytes over {stats['shards']} shards; "
+              f"{b['lookups']:,} lookups in {b['calls']:,} shard calls")
+    print(f"stream lanes: {laned.counts['stream_lookups']:,} lookups over them, "
+          f"{laned.counts['stream_broken']} broken, {laned.counts['stream_unopened']} unopened")
+    print("ray: actor calls to plain shards; stream: the Ray backend's shards (restartable, "
+          "behind their shard set) with lookups over stream lanes; p50 / p99 in us, and the "
+          "ratio to local")
+    print(f"{'path':<32}{'ray':>18}{'stream':>18}{'local':>16}{'ray / local':>14}"
+          f"{'stream / local':>16}")
     for path in results["ray"]:
-        r50, r99 = percentiles_us(results["ray"][path])
-        l50, l99 = percentiles_us(results["local"][path])
-        print(f"{path:<32}{r50:>12.1f}{r99:>12.1f}{l50:>14.1f}{l99:>14.1f}"
-              f"{r50 / l50:>11.0f}{r99 / l99:>11.0f}")
-    for actor in shards:
+        cut = {label: percentiles_us(results[label][path]) for label in results}
+        (r50, r99), (s50, s99), (l50, l99) = cut["ray"], cut["stream"], cut["local"]
+        print(f"{path:<32}{r50:>9.1f}{r99:>9.1f}{s50:>9.1f}{s99:>9.1f}{l50:>8.1f}{l99:>8.1f}"
+              f"{r50 / l50:>7.0f}{r99 / l99:>7.0f}{s50 / l50:>8.0f}{s99 / l99:>8.0f}")
+    laned.close_lanes()
+    for actor in shards + laned.actors:
         ray.kill(actor)
 
 

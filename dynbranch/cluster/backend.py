@@ -296,7 +296,7 @@ class RayBackend(Backend):
                               "first")
         actors = make_restartable_shards(capacity_bytes, policy, shards)
         self._store_actors.extend(actors)
-        self.shard_sets.append(ShardSet(actors))
+        self.shard_sets.append(ShardSet(actors, stream=self.stream_lanes))
         return RayStoreClient(self.shard_sets[-1].handles)
 
     def make_gate(self, model: ContentionModel, config: GateConfig, *,
@@ -331,6 +331,8 @@ class RayBackend(Backend):
             for c in clients:
                 if isinstance(c, RayEngineClient):
                     c.close_lane()
+        for shard_set in self.shard_sets:
+            shard_set.close_lanes()
         try:
             if self._actors:
                 # NOTE: an engine that died mid-run cannot shut down; it is killed below like

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from dynbranch.cluster.shard_fence import WriteFence, fenced_call
 from dynbranch.cluster.store_faults import ShardNotSynced
+from dynbranch.cluster.store_lane import decode_lookup
+from dynbranch.cluster.stream import OPEN_TIMEOUT_S, Lane, LaneBroken
 from dynbranch.errors import StoreUnavailable, TicketError
 from dynbranch.reuse.lookups import (
     Invalidation,
@@ -95,8 +98,13 @@ def _degraded(method: str, args: tuple[Any, ...]) -> Any:
 class ShardSet:
     """The fault-tolerant handles of one run's store shards (see the module doc)."""
 
-    def __init__(self, actors: Sequence[ActorHandle], retry: ShardRetry | None = None) -> None:
+    def __init__(self, actors: Sequence[ActorHandle], retry: ShardRetry | None = None, *,
+                 stream: bool = False) -> None:
         self.actors = list(actors)
+        self.stream = stream  # lookups over a stream lane per shard (store_lane.py)
+        self._lanes: dict[int, Lane] = {}
+        self._lane_tried: dict[int, int] = {}  # shard -> the epoch its lane was last opened at
+        self._opening: dict[int, asyncio.Task] = {}
         self.retry = retry or ShardRetry()
         self.handles = [ShardHandle(self, i) for i in range(len(self.actors))]
         self._lost: set[int] = set()
@@ -112,6 +120,9 @@ class ShardSet:
                 "lost_shards",
                 "stale_tickets",
                 "fenced",
+                "stream_lookups",
+                "stream_broken",
+                "stream_unopened",
             ),
             0,
         )
@@ -213,6 +224,10 @@ class ShardSet:
         """One try: the answer, or a :class:`_Failure` saying what went wrong."""
         from ray.exceptions import ActorDiedError, RayActorError
 
+        if method in ("lookup", "lookup_many") and self.stream:
+            lane = await self._lane(shard)
+            if lane is not None:
+                return await self._on_lane(shard, lane, method, args)
         ref = getattr(self.actors[shard], method).remote(*args)
         if method in ("lookup", "lookup_many"):
             timeout = self.retry.lookup_timeout_s
@@ -230,6 +245,68 @@ class ShardSet:
             return _Failure(f"died for good: {type(e).__name__}", final=True)
         except (RayActorError, TimeoutError) as e:
             return _Failure(type(e).__name__)
+
+    async def _on_lane(self, shard: int, lane: Lane, method: str, args: tuple[Any, ...]) -> Any:
+        """A lookup batch over ``shard``'s lane: the answers, or a :class:`_Failure` as an
+        actor call's (the lane is dropped; the next batch goes as an actor call)."""
+        queries = [list(args)] if method == "lookup" else [list(q) for q in args[0]]
+        try:
+            rows = await asyncio.wait_for(lane.call("lookup_many", queries),
+                                          self.retry.lookup_timeout_s)
+        except ShardNotSynced:
+            return _Failure("restarted", unsynced=True)
+        except (LaneBroken, TimeoutError) as e:
+            self.counts["stream_broken"] += 1
+            self._drop_lane(shard)
+            return _Failure(f"lane: {type(e).__name__}: {e}")
+        except StoreUnavailable as e:  # NOTE: the shard's own error: this batch misses
+            return _Failure(f"lane: {e.cause}")
+        self.counts["stream_lookups"] += len(rows)
+        got = [decode_lookup(row) for row in rows]
+        return got[0] if method == "lookup" else got
+
+    async def _lane(self, shard: int) -> Lane | None:
+        """``shard``'s open lane, opening one (once per incarnation) when it has none."""
+        lane = self._lanes.get(shard)
+        if lane is not None:
+            if lane.broken is None and lane.loop is asyncio.get_running_loop():
+                return lane
+            broken = lane.broken
+            self._drop_lane(shard)
+            if broken is None:  # NOTE: opened on another event loop: open one on this one
+                self._lane_tried.pop(shard, None)
+            else:
+                self.counts["stream_broken"] += 1
+        if self._lane_tried.get(shard) == self._epoch[shard]:
+            return None  # NOTE: one lane per incarnation; a resync moves the epoch on
+        task = self._opening.get(shard)
+        if task is None or task.done():
+            task = self._opening[shard] = asyncio.get_running_loop().create_task(
+                self._open_lane(shard))
+        await asyncio.shield(task)
+        return self._lanes.get(shard)
+
+    async def _open_lane(self, shard: int) -> None:
+        self._lane_tried[shard] = self._epoch[shard]
+        token = secrets.token_bytes(16)
+        try:
+            async with asyncio.timeout(OPEN_TIMEOUT_S):
+                host, port = await self.actors[shard].open_stream.remote(token)
+                self._lanes[shard] = await Lane.connect(f"store shard {shard}", host, port,
+                                                        token, _store_error)
+        except Exception:  # NOTE: a closed port, a restarting shard: actor calls remain
+            self.counts["stream_unopened"] += 1
+
+    def _drop_lane(self, shard: int) -> None:
+        lane = self._lanes.pop(shard, None)
+        if lane is not None:
+            lane.close()
+
+    def close_lanes(self) -> None:
+        """Close every shard's lane (later lookups go as actor calls)."""
+        for shard in list(self._lanes):
+            self._drop_lane(shard)
+        self.stream = False
 
     async def _resync(self, shard: int) -> None:
         """Re-synchronise restarted shard ``shard`` (once, whoever asks first); raises
@@ -284,6 +361,14 @@ class ShardSet:
             return _degraded(method, args)
         except KeyError:
             raise StoreUnavailable(-1, method, str(error or "shard lost")) from None
+
+
+def _store_error(request_id: str, row: dict[str, Any]) -> Exception:
+    """A shard's error over its lane: a restarted shard's refusal as itself, anything else as
+    an error naming it (the batch then fails as an actor call's would)."""
+    if row["type"] == "ShardNotSynced":
+        return ShardNotSynced(row["message"])
+    return StoreUnavailable(-1, "lookup_many", f"{row['type']}: {row['message']}")
 
 
 class _GiveUp(Exception):

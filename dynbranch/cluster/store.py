@@ -19,13 +19,17 @@ progress is marked on every shard, until its cascade reached all (:meth:`RayStor
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from dynbranch.cluster.store_lane import encode_lookup
 from dynbranch.cluster.store_reads import Held, Located, LookupBatcher, hold, read_located
+from dynbranch.cluster.stream import Handler, LaneServer, serve_in_thread
 from dynbranch.errors import CorruptRecordError, TicketError
 from dynbranch.reuse.client import StoreClient
 from dynbranch.reuse.eviction import EvictionPolicy
@@ -123,6 +127,11 @@ class StoreActor:
     def __init__(self, capacity_bytes: int, policy: str = "lru", shard: int = 0, *,
                  tombstones: int = 4096) -> None:
         self.shard = shard
+        # NOTE: taken by every call (see threaded()): a stream lane's lookups run on a
+        # thread of their own, beside Ray's calls
+        self._call_lock = threading.RLock()
+        self._stream: LaneServer | None = None
+        self._stream_address: tuple[str, int] = ("", 0)
         self._objects: dict[str, Held] = {}
         self._object_bytes = 0
         self._store = _ShardStore(capacity_bytes, policy, self._release, tombstones=tombstones)
@@ -148,6 +157,40 @@ class StoreActor:
         """Each ``(name, key_bytes, now, serving)`` answered as :meth:`lookup` would, in
         order (one call for all the lookups a client batched for this shard)."""
         return [self._lookup(*query) for query in queries]
+
+    async def open_stream(self, token: bytes) -> list:
+        """Listen for a stream lane (:mod:`dynbranch.cluster.store_lane`) on this node, once,
+        on a thread of its own, and let a connection that first sends ``token`` in; returns
+        the listener's address. Its one call is ``lookup_many``."""
+        import ray
+
+        if self._stream is None:
+            self._stream = LaneServer(self._lane_handler())
+            self._stream_address = serve_in_thread(self._stream,
+                                                   ray.util.get_node_ip_address())
+        self._stream.allow(token)
+        return list(self._stream_address)
+
+    def _lane_handler(self) -> Handler:
+        async def handle(method: str, arg: list) -> list:
+            if method != "lookup_many":
+                raise ValueError(f"{method!r} does not go through the store lane")
+            # NOTE: this instance's own ``lookup_many`` (under threaded(), a plain method
+            # that takes the call lock; a guarded one on a restartable shard)
+            got = self.lookup_many([tuple(query) for query in arg])
+            if inspect.isawaitable(got):
+                got = await got
+            return [encode_lookup(g, self._bytes_of(g)) for g in got]
+
+        return handle
+
+    def _bytes_of(self, got: Any) -> Any:
+        """A located large record's bytes, read from this node's object store."""
+        if not isinstance(got, Located) or got.data is not None:
+            return None
+        import ray
+
+        return ray.get(got.refs[0])
 
     async def promote(self, name: str, key_bytes: bytes, now: float) -> Located | Miss | None:
         """:meth:`SubgraphStore.promote`; the committed record comes back as a ref."""

@@ -33,6 +33,10 @@ def threaded(cls: type[T]) -> type[T]:
     if any method is a coroutine function), so one must not await another of its class's
     methods; a shared body goes in a plain helper. The subclass is made here, not importable by name, so Ray ships it by value with
     ``cls`` (importable) by reference: workers run this tree's ``cls``.
+
+    An instance with a ``_call_lock`` (a ``threading.RLock``) runs each converted method
+    under it: for an actor that also serves calls on a thread of its own (a stream lane,
+    :func:`~dynbranch.cluster.stream.serve_in_thread`), so that they still run one at a time.
     """
     methods = {
         name: _completed(attr)
@@ -43,16 +47,11 @@ def threaded(cls: type[T]) -> type[T]:
 
 def _completed(method: Callable[..., Any]) -> Callable[..., Any]:
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        coroutine = method(self, *args, **kwargs)
-        try:
-            coroutine.send(None)
-        except StopIteration as done:
-            return done.value
-        coroutine.close()
-        raise SuspendedError(
-            f"{type(self).__name__}.{method.__name__} suspended; a threaded actor's methods "
-            f"must run to completion"
-        )
+        lock = getattr(self, "_call_lock", None)
+        if lock is None:
+            return _run(self, method, args, kwargs)
+        with lock:
+            return _run(self, method, args, kwargs)
 
     call.__name__, call.__qualname__, call.__doc__ = (
         method.__name__,
@@ -60,3 +59,17 @@ def _completed(method: Callable[..., Any]) -> Callable[..., Any]:
         method.__doc__,
     )
     return call
+
+
+def _run(self: Any, method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    coroutine = method(self, *args, **kwargs)
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise SuspendedError(
+        f"{type(self).__name__}.{method.__name__} suspended; a threaded actor's methods "
+        f"must run to completion"
+    )
+
