@@ -98,10 +98,10 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
                         "p99 under 1 ms, not an actor call's several; the gate actor keeps "
                         "one CPU core busy while it is open)")
     p.add_argument("--no-stream-lanes", dest="stream_lanes", action="store_false",
-                   help="ray: send engine calls and C3's gate calls as Ray actor calls, not "
-                        "over the direct stream each engine actor and the gate open on their "
-                        "node (a free port each; a lane that cannot connect falls back to "
-                        "actor calls by itself)")
+                   help="ray: send engine calls, C3's gate calls and C1's lookups as Ray actor "
+                        "calls, not over the direct stream each engine actor, the gate and "
+                        "each store shard open on their node (a free port each; a lane that "
+                        "cannot connect falls back to actor calls by itself)")
     p.add_argument("--network", default="none", choices=["none", "vastai-wan", "vastai-cluster"],
                    help="model the driver-to-worker network (engines on other nodes)")
     p.add_argument("--out", default="runs/replay",

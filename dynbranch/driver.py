@@ -98,7 +98,7 @@ class ReplayConfig:
     data_dir: str | None = None
     address: str | None = None
     gate_lane: bool = False  # ray: the gate's decisions over a compiled graph (a busy core)
-    stream_lanes: bool = True  # ray: engine and gate calls over direct streams (cluster/stream)
+    stream_lanes: bool = True  # ray: engine, gate and lookup calls over streams (cluster/stream)
     network: str = "none"  # a modelled driver-to-worker network (dynbranch/engines/network.py)
     progress: bool = True
     workload_options: dict[str, Any] = field(default_factory=dict)

@@ -126,6 +126,13 @@ def killed_and_back(deployment, **lane) -> tuple[dict, int]:
         assert held and freed == len(held) and opened.open and stats["reserved_blocks"] == 0
         counts = stats["client"]
         assert counts["degraded_generation"] == 0 and counts["pending_release"] == 0
+        if client.wants_stream:  # NOTE: a stream reopens in the background once a call answered
+            for _ in range(100):
+                if client._stream is not None:
+                    break
+                await asyncio.sleep(0.05)
+            await client.generation("warm", 2.0)
+            counts = {**counts, "after": client.counts["stream_calls"]}
         return counts, before
 
     return asyncio.run(main())

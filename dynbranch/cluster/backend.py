@@ -216,7 +216,7 @@ class RayBackend(Backend):
             raise ConfigError("the Ray backend runs on the real clock only")
         self.clock, self._roles, self._address = clock, dict(roles), address
         self.gate_lane = gate_lane  # the gate's decisions over a compiled graph (gate/lane.py)
-        self.stream_lanes = stream_lanes  # engine and gate calls over streams (stream.py)
+        self.stream_lanes = stream_lanes  # engine, gate, lookup calls over streams (stream.py)
         self._actors: list = []
         self._store_actors: list = []
         self.shard_sets: list = []  # one per store made (its counters go into the summary)

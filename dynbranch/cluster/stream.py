@@ -12,8 +12,9 @@ on a thread of its own: :func:`serve_in_thread`), and the caller keeps one conne
 (:class:`Lane`), over which calls and replies travel as length-prefixed msgpack frames, many
 in flight at once, matched by call id. Ray still creates, places, restarts and stops the
 actors; a lane only carries calls. Who uses it: engine calls
-(:mod:`dynbranch.cluster.engine_lane`) and the gate's decisions
-(:meth:`GateActor.open_stream <dynbranch.cluster.gate.actor.GateActor.open_stream>`).
+(:mod:`dynbranch.cluster.engine_lane`), the gate's decisions
+(:meth:`GateActor.open_stream <dynbranch.cluster.gate.actor.GateActor.open_stream>`) and C1's
+lookups (:mod:`dynbranch.cluster.store_lane`).
 
 - **Opening.** The caller sends the actor a fresh random token through an ordinary actor call,
   which starts the listener once and returns its address; a connection's first frame must be

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 
 PENDING_LEARN_MAX = 4096
 """Calls a client queues while the gate is down before it drops the oldest learning batch."""
+STREAM_RETRY_S = 5.0
+"""Seconds after a stream broke or did not open before the client tries to open it again."""
 UNAVAILABLE = "gate_unavailable"
 """The refusal reason of a candidate the gate could not be asked about."""
 
@@ -112,6 +114,8 @@ class RayGateClient(GateClient):
         self._lane: GateLane | None = None  # opened once the actor first answers
         self.wants_stream = stream and not lane
         self._stream: Lane | None = None  # a stream lane (cluster/stream.py), opened likewise
+        self._stream_retry_at = 0.0  # no reopening before (a broken or unopened stream)
+        self._reopening: asyncio.Task | None = None
         self.lane_error: str | None = None  # why the lane broke or did not open
         self.counts = dict.fromkeys(
             (
@@ -127,6 +131,7 @@ class RayGateClient(GateClient):
                 "stream_calls",
                 "stream_broken",
                 "stream_unopened",
+                "stream_reopened",
             ),
             0,
         )
@@ -314,7 +319,9 @@ class RayGateClient(GateClient):
             ref = getattr(self._actor, method).remote(*args)
             left = deadline - time.monotonic()
             try:
-                return await asyncio.wait_for(ref, max(1e-3, min(retry.call_timeout_s, left)))
+                reply = await asyncio.wait_for(ref, max(1e-3, min(retry.call_timeout_s, left)))
+                self._reopen_stream()
+                return reply
             except (RayActorError, TimeoutError) as e:
                 _cancel(ref)
                 if time.monotonic() + pause >= deadline:
@@ -349,7 +356,6 @@ class RayGateClient(GateClient):
                 self.counts["lane_unopened"] += 1
                 self.lane_error = f"{type(e).__name__}: {str(e).strip()[:300]}"
 
-
     async def _open_stream(self) -> None:
         token = secrets.token_bytes(16)
         try:
@@ -359,6 +365,18 @@ class RayGateClient(GateClient):
         except Exception as e:  # NOTE: no lane (a closed port, actor down): plain calls
             self.counts["stream_unopened"] += 1
             self.lane_error = f"{type(e).__name__}: {str(e).strip()[:300]}"
+            self._stream_retry_at = time.monotonic() + STREAM_RETRY_S
+
+    def _reopen_stream(self) -> None:
+        """After a plain call answered (the gate is up), open the stream again in the
+        background if it broke, at most once per :data:`STREAM_RETRY_S`."""
+        if (not self.wants_stream or self._stream is not None
+                or time.monotonic() < self._stream_retry_at
+                or (self._reopening is not None and not self._reopening.done())):
+            return
+        self._stream_retry_at = time.monotonic() + STREAM_RETRY_S
+        self.counts["stream_reopened"] += 1
+        self._reopening = asyncio.get_running_loop().create_task(self._open_stream())
 
 
 def _stream_rows(method: str, args: tuple) -> list:
