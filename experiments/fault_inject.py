@@ -48,8 +48,9 @@ class FaultSpec:
 class FaultyBackend(RayBackend):
     """The Ray backend, plus one fault at ``spec.at_s`` (see the module doc)."""
 
-    def __init__(self, clock: Clock, roles: Mapping[str, EngineSpec], spec: FaultSpec) -> None:
-        super().__init__(clock, roles)
+    def __init__(self, clock: Clock, roles: Mapping[str, EngineSpec], spec: FaultSpec, *,
+                 stream_lanes: bool = True) -> None:
+        super().__init__(clock, roles, stream_lanes=stream_lanes)
         self.spec = spec
         self.injected: dict[str, Any] = {}
         self._injector: asyncio.Task | None = None
@@ -97,7 +98,7 @@ def run(spec: FaultSpec) -> dict[str, Any]:
     cfg = ReplayConfig(backend="ray", out=spec.out, progress=False, **spec.replay)
     prepared = prepare(cfg, progress=lambda _m: None)
     plain = make_backend(cfg, prepared.clock)
-    backend = FaultyBackend(prepared.clock, plain._roles, spec)
+    backend = FaultyBackend(prepared.clock, plain._roles, spec, stream_lanes=cfg.stream_lanes)
     run_replay(prepared, backend)
     return backend.injected
 
