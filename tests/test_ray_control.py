@@ -10,6 +10,8 @@ shard with the answers one-at-a-time lookups give, and both ways a hit's bytes t
 import asyncio
 import inspect
 import random
+import threading
+import time
 
 import pytest
 
@@ -264,3 +266,35 @@ def test_a_threaded_class_runs_each_coroutine_to_completion_and_refuses_one_that
     with pytest.raises(SuspendedError, match="_Sleepy.slow suspended"):
         obj.slow()
     assert isinstance(obj, _Sleepy)
+
+
+class _Counted:
+    """Records how many of its calls run at once (each holds the GIL off for a moment)."""
+
+    def __init__(self, locked: bool) -> None:
+        if locked:
+            self._call_lock = threading.RLock()
+        self.inside = self.most = 0
+
+    async def step(self) -> None:
+        self.inside += 1
+        self.most = max(self.most, self.inside)
+        time.sleep(0.0005)  # NOTE: blocks without suspending: another thread may run now
+        self.inside -= 1
+
+
+@pytest.mark.parametrize("locked", [False, True])
+def test_a_threaded_class_with_a_call_lock_runs_its_calls_one_at_a_time(locked):
+    obj = threaded(_Counted)(locked)
+
+    def calls() -> None:
+        for _ in range(200):
+            obj.step()
+
+    threads = [threading.Thread(target=calls) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # NOTE: without the lock, calls from two threads (a lane's and Ray's) overlap, as here
+    assert (obj.most == 1) is locked, obj.most

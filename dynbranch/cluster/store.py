@@ -177,7 +177,7 @@ class StoreActor:
                 raise ValueError(f"{method!r} does not go through the store lane")
             # NOTE: this instance's own ``lookup_many`` (under threaded(), a plain method
             # that takes the call lock; a guarded one on a restartable shard)
-            got = self.lookup_many([tuple(query) for query in arg])
+            got: Any = self.lookup_many([tuple(query) for query in arg])
             if inspect.isawaitable(got):
                 got = await got
             return [encode_lookup(g, self._bytes_of(g)) for g in got]
