@@ -79,6 +79,10 @@ class Backend(ABC):
 
         return LocalStoreClient(SubgraphStore(capacity_bytes, policy))
 
+    def lane_counts(self) -> dict[str, int]:
+        """What the backend's direct lanes to remote actors carried (none in process)."""
+        return {}
+
     def describe(self) -> str:
         """One line naming the backend and its engines, for reports."""
         parts = [f"{role}: {len(cs)}×{cs[0].engine_id.split('-')[0]}"

@@ -397,7 +397,9 @@ async def _serve(prepared: Prepared, backend: Backend, state: _RunState,
         except Exception as e:  # NOTE: the counters are lost, not the results
             state.problems["finish_error"] = f"{type(e).__name__}: {e}"
         await orch.pool.close()
-        state.engines = {**orch.pool.counts, "down_at_end": orch.pool.down()}
+        lanes = backend.lane_counts()
+        state.engines = {**orch.pool.counts, "down_at_end": orch.pool.down(),
+                         **({"lanes": lanes} if lanes else {})}
     finally:
         interruption.disarm()
         try:

@@ -128,4 +128,7 @@ def test_replay_through_the_driver_on_local_ray(local_ray, tmp_path):
     assert result.summary["backend"] == "ray"
     assert result.summary["completed"] == 8 and result.summary["accuracy"] == 1.0
     assert (tmp_path / "run" / "stages.parquet").exists()
+    lanes = result.summary["engines"]["lanes"]  # NOTE: every engine call over a lane
+    assert lanes["engine_opened"] == 2 and lanes["engine_actor_calls"] == 0
+    assert lanes["engine_lane_calls"] >= 8 and lanes["engine_broken"] == 0
     assert _engine_units_free(4.0)

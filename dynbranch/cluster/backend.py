@@ -91,7 +91,8 @@ class RayEngineClient(EngineClient):
         self.health_timeout_s = health_timeout_s
         self.lane: Lane | None = None
         self.laned = False  # whether this client wants a lane (reopened after a break)
-        self.lane_counts = {"opened": 0, "broken": 0, "failed_to_open": 0, "actor_calls": 0}
+        self.lane_counts = {"opened": 0, "broken": 0, "failed_to_open": 0, "lane_calls": 0,
+                            "actor_calls": 0}
 
     async def open_lane(self, timeout_s: float = OPEN_TIMEOUT_S) -> bool:
         """Open a lane to the actor (see :mod:`dynbranch.cluster.engine_lane`); returns whether
@@ -128,6 +129,7 @@ class RayEngineClient(EngineClient):
         return lane
 
     async def _on_lane(self, lane: Lane, method: str, arg, request_id: str):
+        self.lane_counts["lane_calls"] += 1
         try:
             return await lane.call(method, arg, request_id)
         except LaneBroken as e:
@@ -275,6 +277,24 @@ class RayBackend(Backend):
 
     def clients(self) -> Mapping[str, list[EngineClient]]:
         return self._clients
+
+    def lane_counts(self) -> dict[str, int]:
+        """Engine calls over lanes and as actor calls, lanes opened, broken and not opened,
+        summed over the engines; lookups over the store shards' lanes and those lanes'
+        breaks (the gate client reports its own)."""
+        if not self.stream_lanes:
+            return {}
+        out: dict[str, int] = {}
+        for clients in self._clients.values():
+            for c in clients:
+                if isinstance(c, RayEngineClient):
+                    for k, v in c.lane_counts.items():
+                        out[f"engine_{k}"] = out.get(f"engine_{k}", 0) + v
+        for shard_set in self.shard_sets:
+            for k in ("stream_lookups", "stream_broken", "stream_unopened"):
+                key = "store_" + k.removeprefix("stream_")
+                out[key] = out.get(key, 0) + shard_set.counts[k]
+        return out
 
     def make_store(self, capacity_bytes: int, policy: str = "lru", *,
                    shards: int = DEFAULT_SHARDS) -> StoreClient:
