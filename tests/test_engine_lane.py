@@ -2,15 +2,14 @@
 serves it to the driver (the Ray backend's tests run it between processes)."""
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 
 import pytest
 
 from dynbranch.clock import RealClock
 from dynbranch.cluster.engine_lane import (
-    LaneBroken,
-    LaneServer,
-    connect_lane,
+    decode_error,
     decode_load,
     decode_request,
     decode_result,
@@ -19,7 +18,7 @@ from dynbranch.cluster.engine_lane import (
     encode_result,
     engine_handler,
 )
-from dynbranch.cluster.stream import Lane
+from dynbranch.cluster.stream import Lane, LaneBroken, LaneServer
 from dynbranch.engines.protocol import (
     Engine,
     GenerateChunk,
@@ -41,7 +40,6 @@ class _Scripted(Engine):
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
-        self.aborted: list[str] = []
 
     async def start(self) -> None:
         pass
@@ -58,7 +56,6 @@ class _Scripted(Engine):
             request.request_id, "x", 1, 1, 0, "stop", 1.0, 1.0, 1.0, 2.0, 0, self.engine_id))
 
     async def abort(self, request_id: str) -> bool:
-        self.aborted.append(request_id)
         return True
 
     def load(self) -> LoadSnapshot:
@@ -75,7 +72,12 @@ async def _serve(engine: Engine) -> tuple[LaneServer, Lane]:
     server = LaneServer(engine_handler(ready))
     host, port = await server.start("127.0.0.1")
     server.allow(TOKEN)
-    return server, await connect_lane(engine.engine_id, host, port, TOKEN)
+    return server, await _connect(engine.engine_id, host, port, TOKEN)
+
+
+async def _connect(engine_id: str, host: str, port: int, token: bytes) -> Lane:
+    return await Lane.connect(f"engine {engine_id}", host, port, token,
+                              functools.partial(decode_error, engine_id))
 
 
 def test_the_codec_gives_back_what_it_was_given():
@@ -152,7 +154,7 @@ def test_a_wrong_token_is_refused():
         host, port = server.address
         try:
             with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
-                await connect_lane("scripted-0", host, port, b"f" * 16)
+                await _connect("scripted-0", host, port, b"f" * 16)
         finally:
             server.close()
 

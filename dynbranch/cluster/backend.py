@@ -11,23 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
-import secrets
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from dynbranch.backend import Backend, EngineClient, EngineSpec
 from dynbranch.clock import Clock
 from dynbranch.cluster.engine_lane import (
-    OPEN_TIMEOUT_S,
-    Lane,
-    LaneBroken,
-    connect_lane,
+    decode_error,
     decode_load,
     decode_result,
     encode_request,
 )
 from dynbranch.cluster.store import DEFAULT_SHARDS
+from dynbranch.cluster.stream import OPEN_TIMEOUT_S, Lane, LaneBroken, open_lane
 from dynbranch.engines.protocol import GenerateRequest, GenerateResult, LoadSnapshot
 from dynbranch.errors import ConfigError, EngineDied
 from dynbranch.reuse.client import StoreClient
@@ -99,11 +97,9 @@ class RayEngineClient(EngineClient):
         it opened. A lane that does not open within ``timeout_s`` leaves the client on actor
         calls (``lane_counts["failed_to_open"]``)."""
         self.laned = True
-        token = secrets.token_bytes(16)
         try:
-            async with asyncio.timeout(timeout_s):
-                host, port = await self._actor.open_lane.remote(token)
-                lane = await connect_lane(self.engine_id, host, port, token)
+            lane = await open_lane(f"engine {self.engine_id}", self._actor.open_lane.remote,
+                                   functools.partial(decode_error, self.engine_id), timeout_s)
         except Exception:  # NOTE: a dead actor, a closed port, a timeout: actor calls remain
             self.lane_counts["failed_to_open"] += 1
             return False

@@ -23,7 +23,8 @@ import os
 from collections.abc import AsyncIterator
 
 from dynbranch.clock import RealClock
-from dynbranch.cluster.engine_lane import LaneServer, engine_handler
+from dynbranch.cluster.engine_lane import engine_handler
+from dynbranch.cluster.stream import LaneServer, listen
 from dynbranch.engines.config import EngineConfig
 from dynbranch.engines.protocol import (
     Engine,
@@ -100,14 +101,10 @@ class EngineActor:
     async def open_lane(self, token: bytes) -> tuple[str, int]:
         """Listen for a direct lane (:mod:`dynbranch.cluster.engine_lane`) on this node, once,
         and let a connection that first sends ``token`` in; returns the listener's address."""
-        import ray
-
         await self.ready()
         if self._lane is None:
             self._lane = LaneServer(engine_handler(self.ready))
-        address = await self._lane.start(ray.util.get_node_ip_address())
-        self._lane.allow(token)
-        return address
+        return await listen(self._lane, token, in_thread=False)
 
     async def pid(self) -> int:
         """The actor's process id (fault injection kills it to crash the actor)."""

@@ -10,7 +10,8 @@ concurrent actor calls do.
 
 This module is the engine's side of it: the protocol's dataclasses as msgpack rows, the
 actor's handler, and the caller's view of errors. A call in flight when the lane breaks
-raises :class:`~dynbranch.errors.EngineDied` (the client turns :class:`LaneBroken` into it),
+raises :class:`~dynbranch.errors.EngineDied` (the client turns
+:class:`~dynbranch.cluster.stream.LaneBroken` into it),
 as a Ray call on a dead actor does. An engine's own error comes back as itself where it is
 one of :mod:`dynbranch.errors`'s engine errors, and as an :class:`EngineError` naming it
 otherwise (a Ray call would carry any exception, pickled; a lane carries no pickle).
@@ -19,19 +20,14 @@ otherwise (a Ray call would carry any exception, pickled; a lane carries no pick
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import fields
 from typing import Any
 
 from dynbranch import errors
-from dynbranch.cluster.stream import OPEN_TIMEOUT_S, Handler, Lane, LaneBroken, LaneServer
+from dynbranch.cluster.stream import Handler
 from dynbranch.engines.protocol import Engine, GenerateRequest, GenerateResult, LoadSnapshot
 from dynbranch.errors import EngineAborted, EngineDied, EngineError
-
-__all__ = ["OPEN_TIMEOUT_S", "Lane", "LaneBroken", "LaneServer", "connect_lane", "decode_error",
-           "decode_load", "decode_request", "decode_result", "encode_load", "encode_request",
-           "encode_result", "engine_handler"]
 
 _REQUEST = tuple(f.name for f in fields(GenerateRequest))
 _RESULT = tuple(f.name for f in fields(GenerateResult))
@@ -92,9 +88,3 @@ def engine_handler(ready: Callable[[], Awaitable[Engine]]) -> Handler:
         raise EngineError(f"the engine lane has no call {method!r}")
 
     return handle
-
-
-async def connect_lane(engine_id: str, host: str, port: int, token: bytes) -> Lane:
-    """A lane to the engine actor listening at ``host:port``."""
-    return await Lane.connect(f"engine {engine_id}", host, port, token,
-                              functools.partial(decode_error, engine_id))

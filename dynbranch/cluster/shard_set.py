@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from dynbranch.cluster.shard_fence import WriteFence, fenced_call
 from dynbranch.cluster.store_faults import ShardNotSynced
 from dynbranch.cluster.store_lane import decode_lookup
-from dynbranch.cluster.stream import OPEN_TIMEOUT_S, Lane, LaneBroken
+from dynbranch.cluster.stream import Lane, LaneBroken, open_lane
 from dynbranch.errors import StoreUnavailable, TicketError
 from dynbranch.reuse.lookups import (
     Invalidation,
@@ -288,12 +287,9 @@ class ShardSet:
 
     async def _open_lane(self, shard: int) -> None:
         self._lane_tried[shard] = self._epoch[shard]
-        token = secrets.token_bytes(16)
         try:
-            async with asyncio.timeout(OPEN_TIMEOUT_S):
-                host, port = await self.actors[shard].open_stream.remote(token)
-                self._lanes[shard] = await Lane.connect(f"store shard {shard}", host, port,
-                                                        token, _store_error)
+            self._lanes[shard] = await open_lane(
+                f"store shard {shard}", self.actors[shard].open_stream.remote, _store_error)
         except Exception:  # NOTE: a closed port, a restarting shard: actor calls remain
             self.counts["stream_unopened"] += 1
 

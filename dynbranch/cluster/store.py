@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynbranch.cluster.store_lane import encode_lookup
 from dynbranch.cluster.store_reads import Held, Located, LookupBatcher, hold, read_located
-from dynbranch.cluster.stream import Handler, LaneServer, serve_in_thread
+from dynbranch.cluster.stream import Handler, LaneServer, listen
 from dynbranch.errors import CorruptRecordError, TicketError
 from dynbranch.reuse.client import StoreClient
 from dynbranch.reuse.eviction import EvictionPolicy
@@ -131,7 +131,6 @@ class StoreActor:
         # thread of their own, beside Ray's calls
         self._call_lock = threading.RLock()
         self._stream: LaneServer | None = None
-        self._stream_address: tuple[str, int] = ("", 0)
         self._objects: dict[str, Held] = {}
         self._object_bytes = 0
         self._store = _ShardStore(capacity_bytes, policy, self._release, tombstones=tombstones)
@@ -162,14 +161,9 @@ class StoreActor:
         """Listen for a stream lane (:mod:`dynbranch.cluster.store_lane`) on this node, once,
         on a thread of its own, and let a connection that first sends ``token`` in; returns
         the listener's address. Its one call is ``lookup_many``."""
-        import ray
-
         if self._stream is None:
             self._stream = LaneServer(self._lane_handler())
-            self._stream_address = serve_in_thread(self._stream,
-                                                   ray.util.get_node_ip_address())
-        self._stream.allow(token)
-        return list(self._stream_address)
+        return await listen(self._stream, token, in_thread=True)
 
     def _lane_handler(self) -> Handler:
         async def handle(method: str, arg: list) -> list:

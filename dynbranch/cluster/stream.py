@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import hmac
 import itertools
+import secrets
 import struct
 import threading
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,8 @@ _FLUSH_AT = 1 << 20
 
 Handler = Callable[[str, Any], Awaitable[Any]]
 """The actor's side of a lane: ``(method, argument) -> reply``, both msgpack-able."""
+Errors = Callable[[str, dict[str, Any]], Exception]
+"""The caller's side of errors: ``(request_id, error row) -> the exception to raise``."""
 
 
 class LaneBroken(DynBranchError):
@@ -92,8 +95,8 @@ async def _read(reader: asyncio.StreamReader) -> Any:
     return msgpack.unpackb(await reader.readexactly(n), raw=False)
 
 
-async def _write(writer: asyncio.StreamWriter, value: Any) -> None:
-    writer.write(_frame(value))
+async def _send(writer: asyncio.StreamWriter, frame: bytes) -> None:
+    writer.write(frame)
     if writer.transport.get_write_buffer_size() > _FLUSH_AT:
         await writer.drain()
 
@@ -136,7 +139,7 @@ class LaneServer:
             if not isinstance(hello, bytes) or not any(
                     hmac.compare_digest(hello, t) for t in self._tokens):
                 return
-            await _write(writer, b"ok")
+            await _send(writer, _frame(b"ok"))
             loop = asyncio.get_running_loop()
             while (call := await _read(reader)) is not None:
                 task = loop.create_task(self._call(writer, *call))
@@ -157,7 +160,36 @@ class LaneServer:
             reply = [call_id, 1, error_row(e)]
         if not writer.is_closing():
             with contextlib.suppress(ConnectionError, OSError):
-                await _write(writer, reply)
+                await _send(writer, _frame(reply))
+
+
+async def listen(server: LaneServer, token: bytes, *, in_thread: bool) -> list:
+    """The actor's side of opening a lane: ``server`` listening on this node's Ray address
+    (once; on a thread of its own for an actor with no event loop), letting a connection
+    that first sends ``token`` in. Returns the address. NOTE: with ``in_thread`` it never
+    suspends, so a threaded actor's method may await it."""
+    import ray
+
+    if server.address is None:
+        host = ray.util.get_node_ip_address()
+        if in_thread:
+            serve_in_thread(server, host)
+        else:
+            await server.start(host)
+    assert server.address is not None
+    server.allow(token)
+    return list(server.address)
+
+
+async def open_lane(name: str, ask: Callable[[bytes], Awaitable[Any]], errors: Errors,
+                    timeout_s: float = OPEN_TIMEOUT_S) -> Lane:
+    """The caller's side of opening a lane: a fresh token sent with ``ask`` (the actor's
+    opening call, which answers the address :func:`listen` returned), then the connection;
+    raises whatever failed, or ``TimeoutError`` past ``timeout_s``."""
+    token = secrets.token_bytes(16)
+    async with asyncio.timeout(timeout_s):
+        host, port = await ask(token)
+        return await Lane.connect(name, host, port, token, errors)
 
 
 def serve_in_thread(server: LaneServer, host: str) -> tuple[str, int]:
@@ -181,10 +213,6 @@ def serve_in_thread(server: LaneServer, host: str) -> tuple[str, int]:
     return started[0]
 
 
-Errors = Callable[[str, dict[str, Any]], Exception]
-"""The caller's side of errors: ``(request_id, error row) -> the exception to raise``."""
-
-
 class Lane:
     """The caller's side: one connection to an actor, many calls in flight on it."""
 
@@ -206,7 +234,7 @@ class Lane:
         """A lane to the actor listening at ``host:port``, authenticated by ``token``."""
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            await _write(writer, token)
+            await _send(writer, _frame(token))
             if await _read(reader) != b"ok":
                 raise ConnectionError(f"{name} refused the lane's token")
         except BaseException:
@@ -226,9 +254,7 @@ class Lane:
             raise Unsendable(f"{method}: {type(e).__name__}: {e}") from None
         reply = self._pending[call_id] = asyncio.get_running_loop().create_future()
         try:
-            self._writer.write(frame)
-            if self._writer.transport.get_write_buffer_size() > _FLUSH_AT:
-                await self._writer.drain()
+            await _send(self._writer, frame)
             self.calls += 1
             status, payload = await reply
         except (ConnectionError, OSError) as e:

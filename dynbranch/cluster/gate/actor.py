@@ -48,7 +48,7 @@ from dynbranch.cluster.gate.codec import (
 )
 from dynbranch.cluster.gate.journal import FORMAT, GateCheckpoint
 from dynbranch.cluster.gate.lane import LANE_METHODS
-from dynbranch.cluster.stream import LaneServer, serve_in_thread
+from dynbranch.cluster.stream import LaneServer, listen
 from dynbranch.errors import ConfigError, DynBranchError
 from dynbranch.gate import (
     Admission,
@@ -101,7 +101,6 @@ class GateActor:
         # call still runs to completion, one at a time.
         self._lock = threading.RLock()
         self._stream: LaneServer | None = None  # the stream lane's listener (open_stream)
-        self._stream_address: tuple[str, int] = ("", 0)
         self.restored = self._restore(model, config)
 
     # -- the GateClient's calls ------------------------------------------------------------
@@ -167,17 +166,12 @@ class GateActor:
         as :func:`~dynbranch.cluster.gate.codec.encode_reply` rows: they take the actor's lock
         like every call, so each still runs to completion, one at a time.
         """
-        import ray
-
         if self._stream is None:
             async def handle(method: str, arg: list) -> Any:
                 return self._stream_run(method, arg)
 
             self._stream = LaneServer(handle)
-            self._stream_address = serve_in_thread(self._stream,
-                                                   ray.util.get_node_ip_address())
-        self._stream.allow(token)
-        return list(self._stream_address)
+        return await listen(self._stream, token, in_thread=True)
 
     def _stream_run(self, op: str, arg: list) -> Any:
         """One stream-lane call: ``op`` with its journal rows, as the methods above run it."""

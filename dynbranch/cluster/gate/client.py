@@ -23,7 +23,6 @@ import builtins
 import contextlib
 import itertools
 import math
-import secrets
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,8 +38,7 @@ from dynbranch.cluster.gate.codec import (
     encode_settlement,
 )
 from dynbranch.cluster.gate.lane import GateLane, LaneBroken, fits_lane
-from dynbranch.cluster.stream import OPEN_TIMEOUT_S as STREAM_OPEN_TIMEOUT_S
-from dynbranch.cluster.stream import Lane, Unsendable
+from dynbranch.cluster.stream import Lane, Unsendable, open_lane
 from dynbranch.cluster.stream import LaneBroken as StreamBroken
 from dynbranch.gate import (
     Admission,
@@ -357,11 +355,9 @@ class RayGateClient(GateClient):
                 self.lane_error = f"{type(e).__name__}: {str(e).strip()[:300]}"
 
     async def _open_stream(self) -> None:
-        token = secrets.token_bytes(16)
         try:
-            async with asyncio.timeout(STREAM_OPEN_TIMEOUT_S):
-                host, port = await self._actor.open_stream.remote(token)
-                self._stream = await Lane.connect("the gate", host, port, token, _gate_error)
+            self._stream = await open_lane("the gate", self._actor.open_stream.remote,
+                                           _gate_error)
         except Exception as e:  # NOTE: no lane (a closed port, actor down): plain calls
             self.counts["stream_unopened"] += 1
             self.lane_error = f"{type(e).__name__}: {str(e).strip()[:300]}"
