@@ -13,14 +13,14 @@ import random
 import msgpack
 import pytest
 
-from dynbranch.cluster.gate.client import _gate_error, _stream_reply, _stream_rows
+from dynbranch.cluster.gate.client import _gate_error, _stream_reply
 from dynbranch.errors import ConfigError
 from dynbranch.gate import BranchReturn, LoadView, Observation, Settlement
 
 ray = pytest.importorskip("ray")
 
 from dynbranch.cluster import GateActor, GateDeployment  # noqa: E402
-from dynbranch.cluster.gate.codec import encode_candidate  # noqa: E402
+from dynbranch.cluster.gate.codec import encode_candidate, journal_args  # noqa: E402
 from tests.test_ray_gate import (  # noqa: E402
     PATIENT,
     candidates,
@@ -34,7 +34,7 @@ on_ray = pytest.mark.ray
 
 def _over_the_wire(actor: GateActor, method: str, args: tuple):
     """``method(*args)`` as a stream-lane call: rows encoded and decoded by msgpack both ways."""
-    rows = msgpack.unpackb(msgpack.packb(_stream_rows(method, args)), raw=False)
+    rows = msgpack.unpackb(msgpack.packb(journal_args(method, args)), raw=False)
     reply = actor._stream_run(method, rows)
     return _stream_reply(method, msgpack.unpackb(msgpack.packb(reply), raw=False))
 

@@ -40,11 +40,8 @@ from dynbranch.cluster.gate.codec import (
     decode_receipt,
     decode_reply,
     decode_settlement,
-    encode_candidate,
-    encode_observation,
-    encode_receipt,
     encode_reply,
-    encode_settlement,
+    journal_args,
 )
 from dynbranch.cluster.gate.journal import FORMAT, GateCheckpoint
 from dynbranch.cluster.gate.lane import LANE_METHODS
@@ -107,7 +104,8 @@ class GateActor:
 
     async def generation(self, call_id: str, coordinate: str, now: float) -> GenerationDecision:
         """Action 0 for ``coordinate`` at ``now``."""
-        return self._run("generation", call_id, [coordinate, now])
+        return self._answer("generation",
+                            *journal_args("generation", (call_id, coordinate, now)))
 
     async def admit(
         self,
@@ -118,8 +116,8 @@ class GateActor:
         now: float,
     ) -> list[Admission]:
         """Action 1; an id the client has abandoned (see :meth:`abandon`) admits nothing."""
-        rows = [encode_candidate(c) for c in candidates]
-        return self._run("admit", call_id, [coordinate, rows, list(view.as_tuple()), now])
+        return self._answer("admit", *journal_args("admit", (call_id, coordinate, candidates,
+                                                             view, now)))
 
     async def decide(
         self, call_id: str, coordinate: str, rows: Sequence[list], view: Sequence[float],
@@ -132,14 +130,12 @@ class GateActor:
         writes them and ``view`` is :meth:`LoadView.as_tuple`: the client encodes once, and
         the journal keeps what arrived (nothing is encoded again here).
         """
-        reply = self._run("decide", call_id, [coordinate, list(rows), list(view), now])
-        # NOTE: an id abandoned before it ran is answered from the log with no admissions
-        # (and nothing decided); its client has stopped waiting and reads no reply.
-        return reply if isinstance(reply, BranchDecision) else BranchDecision(_CLOSED)
+        return self._answer("decide", *journal_args("decide", (call_id, coordinate, rows, view,
+                                                               now)))
 
     async def release(self, reservations: Sequence[Reservation]) -> int:
         """Return receipts to the ledger; how many it still held."""
-        return self._run("release", None, [[encode_receipt(r) for r in reservations]])
+        return self._answer("release", *journal_args("release", (reservations,)))
 
     async def learn(
         self,
@@ -148,13 +144,12 @@ class GateActor:
         settlements: Sequence[Settlement],
     ) -> None:
         """Posterior observations and settled branch returns, applied as one call."""
-        self._run("learn", call_id, [[encode_observation(o) for o in observations],
-                                     [encode_settlement(s) for s in settlements]])
+        self._answer("learn", *journal_args("learn", (call_id, observations, settlements)))
 
     async def abandon(self, call_ids: Sequence[str]) -> int:
         """Admits whose replies a client gave up on: release what they reserved, and make
         any of them that has not run yet admit nothing. Returns how many receipts that freed."""
-        return self._run("abandon", None, [list(call_ids)])
+        return self._answer("abandon", *journal_args("abandon", (call_ids,)))
 
     async def open_stream(self, token: bytes) -> list:
         """Listen for a stream lane (:mod:`dynbranch.cluster.stream`) on this node, once, on
@@ -177,11 +172,17 @@ class GateActor:
         """One stream-lane call: ``op`` with its journal rows, as the methods above run it."""
         if op not in LANE_METHODS:
             raise ValueError(f"{op!r} does not go through the gate lane")
-        call_id, args = arg
-        reply = self._run(op, call_id, args)
-        if op == "decide" and not isinstance(reply, BranchDecision):
-            reply = BranchDecision(_CLOSED)  # NOTE: as ``decide`` answers an abandoned id
+        reply = self._answer(op, *arg)
         return encode_reply(op, reply) if op in ("generation", "admit", "decide") else reply
+
+    def _answer(self, op: str, call_id: str | None, rows: list) -> Any:
+        """``op`` run with its journal rows, answered as the call answers."""
+        reply = self._run(op, call_id, rows)
+        if op == "decide" and not isinstance(reply, BranchDecision):
+            # NOTE: an id abandoned before it ran is answered from the log with no
+            # admissions (and nothing decided); its client has stopped waiting
+            return BranchDecision(_CLOSED)
+        return reply
 
     def lane(self, request: tuple[str, Sequence[Any]]) -> tuple[bool, Any]:
         """One call of the compiled-graph lane (:mod:`~dynbranch.cluster.gate.lane`):

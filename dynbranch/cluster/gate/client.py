@@ -30,13 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dynbranch import errors
-from dynbranch.cluster.gate.codec import (
-    decode_reply,
-    encode_candidate,
-    encode_observation,
-    encode_receipt,
-    encode_settlement,
-)
+from dynbranch.cluster.gate.codec import decode_reply, encode_candidate, journal_args
 from dynbranch.cluster.gate.lane import GateLane, LaneBroken, fits_lane
 from dynbranch.cluster.stream import Lane, Unsendable, open_lane
 from dynbranch.cluster.stream import LaneBroken as StreamBroken
@@ -300,7 +294,7 @@ class RayGateClient(GateClient):
             stream = self._stream
         if stream is not None and fits_lane(method, args):
             try:
-                reply = await asyncio.wait_for(stream.call(method, _stream_rows(method, args)),
+                reply = await asyncio.wait_for(stream.call(method, journal_args(method, args)),
                                                self.retry.call_timeout_s)
                 self.counts["stream_calls"] += 1
                 return _stream_reply(method, reply)
@@ -373,29 +367,6 @@ class RayGateClient(GateClient):
         self._stream_retry_at = time.monotonic() + STREAM_RETRY_S
         self.counts["stream_reopened"] += 1
         self._reopening = asyncio.get_running_loop().create_task(self._open_stream())
-
-
-def _stream_rows(method: str, args: tuple) -> list:
-    """A gate call's arguments as the stream lane carries them: ``[call_id, journal rows]``,
-    what :class:`GateActor`'s methods build from the same arguments."""
-    if method == "generation":  # (call_id, coordinate, now)
-        return [args[0], [args[1], args[2]]]
-    if method == "admit":  # (call_id, coordinate, candidates, view, now)
-        call_id, coordinate, candidates, view, now = args
-        return [call_id, [coordinate, [encode_candidate(c) for c in candidates],
-                          list(view.as_tuple()), now]]
-    if method == "decide":  # (call_id, coordinate, rows, view tuple, now)
-        call_id, coordinate, rows, view, now = args
-        return [call_id, [coordinate, list(rows), list(view), now]]
-    if method == "release":  # (reservations,)
-        return [None, [[encode_receipt(r) for r in args[0]]]]
-    if method == "learn":  # (call_id, observations, settlements)
-        call_id, observations, settlements = args
-        return [call_id, [[encode_observation(o) for o in observations],
-                          [encode_settlement(s) for s in settlements]]]
-    if method == "abandon":  # (call_ids,)
-        return [None, [list(args[0])]]
-    raise ValueError(f"{method!r} does not go through the gate lane")
 
 
 def _stream_reply(method: str, row: Any) -> Any:

@@ -101,6 +101,29 @@ def decode_settlement(row: list) -> Settlement:
     return Settlement(coordinate, BranchReturn(*values))
 
 
+def journal_args(method: str, args: tuple) -> list:
+    """A gate call's arguments (as the client passes them) as ``[call_id, journal rows]``:
+    what the actor journals and runs, and what a stream lane carries."""
+    if method == "generation":  # (call_id, coordinate, now)
+        return [args[0], [args[1], args[2]]]
+    if method == "admit":  # (call_id, coordinate, candidates, view, now)
+        call_id, coordinate, candidates, view, now = args
+        return [call_id, [coordinate, [encode_candidate(c) for c in candidates],
+                          list(view.as_tuple()), now]]
+    if method == "decide":  # (call_id, coordinate, rows, view tuple, now)
+        call_id, coordinate, rows, view, now = args
+        return [call_id, [coordinate, list(rows), list(view), now]]
+    if method == "release":  # (reservations,)
+        return [None, [[encode_receipt(r) for r in args[0]]]]
+    if method == "learn":  # (call_id, observations, settlements)
+        call_id, observations, settlements = args
+        return [call_id, [[encode_observation(o) for o in observations],
+                          [encode_settlement(s) for s in settlements]]]
+    if method == "abandon":  # (call_ids,)
+        return [None, [list(args[0])]]
+    raise ValueError(f"{method!r} does not go through the gate lane")
+
+
 def encode_reply(kind: str, reply: Any) -> Any:
     """A remembered call reply as a row (``generation``, ``admit`` and ``decide`` carry one)."""
     if kind == "generation":
