@@ -23,9 +23,12 @@ direct TCP stream per engine actor, :mod:`dynbranch.cluster.engine_lane`) and wi
 (``--no-stream-lanes``: each engine call a Ray actor call), so the lane's gain is read in one
 run beside the in-process figure.
 
-Ray's own floor is measured beside them: the same calls (the same requests, to as many actors,
-started at the same moments) sent again to bare async actors that only stamp when they take
-a call up, so the legs of an engine call can be read against what Ray alone costs here.
+Two floors are measured beside them, each the same calls (the same requests, to as many
+actors, started at the same moments) sent again to bare async actors that only stamp when they
+take a call up: as Ray actor calls ("Ray alone"), and over stream lanes ("a lane alone": the
+request encoded, framed, sent, read and decoded as an engine call's is, and nothing else runs
+on either side). The legs of an engine call read against them say how much of its cost is
+this machine's floor for that transport and how much the engine and the orchestrator add.
 
     python scripts/bench_overhead.py [--requests 200] [--rate 20]
 """
@@ -38,7 +41,7 @@ import contextlib
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # NOTE: measure this tree's code, not an installed copy
     sys.path.insert(0, str(ROOT))
 
-from dynbranch.driver import ReplayConfig, prepare, run_replay  # noqa: E402
+from dynbranch.driver import ReplayConfig, _collector_for_replay, prepare, run_replay  # noqa: E402
 
 QUANTILES = ("p50", "p90", "p99", "mean")
 
@@ -116,8 +119,31 @@ def measure(label: str, backend: str, lane: bool, requests: int, rate: float, ou
     if calls:
         stamps = np.array([(c.start, c.arrived, c.finished, c.end) for c in calls]) * 1e3
         got["legs"] = {name: _stats(stamps[:, b] - stamps[:, a]) for name, a, b in LEGS}
+        got["queued"] = behind_engine_work(calls)
         if floor:
-            got["floor"] = ray_floor(calls)
+            got["floor"] = lane_floor(calls) if lane else ray_floor(calls)
+    return got
+
+
+def behind_engine_work(calls: list[Call]) -> dict[str, Any]:
+    """The "to the engine" leg of the calls sent while their engine was doing another call's
+    work (which runs on the actor's event loop without suspending, so the new call waits for
+    it), apart from those sent to an engine with nothing to do."""
+    by_engine: dict[str, list[Call]] = {}
+    for c in calls:
+        by_engine.setdefault(c.engine_id, []).append(c)
+    busy: list[float] = []
+    idle: list[float] = []
+    for mine in by_engine.values():
+        work = np.array([(c.arrived, c.finished) for c in mine])
+        for i, c in enumerate(mine):
+            others = np.delete(work, i, axis=0)
+            behind = bool(((others[:, 0] <= c.arrived) & (others[:, 1] > c.start)).any())
+            (busy if behind else idle).append((c.arrived - c.start) * 1e3)
+    got: dict[str, Any] = {"sent while the engine was busy": len(busy), "calls": len(calls)}
+    for name, d in (("busy", busy), ("idle", idle)):
+        if d:
+            got[name] = _stats(np.array(d))
     return got
 
 
@@ -128,31 +154,85 @@ class _Bare:
         return time.monotonic()
 
 
+class _BareLane:
+    """An async actor serving a stream lane as an engine actor does, whose handler only decodes
+    the request and stamps when it took the call up."""
+
+    def __init__(self) -> None:
+        from dynbranch.cluster.engine_lane import decode_request
+        from dynbranch.cluster.stream import LaneServer
+
+        async def handler(method: str, arg: Any) -> float:
+            decode_request(arg)
+            return time.monotonic()
+
+        self._server = LaneServer(handler)
+
+    async def open_lane(self, token: bytes) -> list:
+        from dynbranch.cluster.stream import listen
+
+        return await listen(self._server, token, in_thread=False)
+
+
 def ray_floor(calls: list[Call]) -> dict[str, dict[str, float]]:
     """The legs of ``calls`` sent again, at their recorded moments, to bare actors."""
+    async def send(actors: dict[str, Any], call: Call) -> float:
+        return await actors[call.engine_id].generate.remote(call.request)
+
+    return _floor(calls, _Bare, lambda actors: _resend(calls, actors, send),
+                  ("to the actor", "back to the caller"))
+
+
+def lane_floor(calls: list[Call]) -> dict[str, dict[str, float]]:
+    """The legs of ``calls`` sent again, at their recorded moments, over stream lanes to bare
+    actors (one lane each, as the engine clients keep)."""
+    from dynbranch.cluster.engine_lane import encode_request
+    from dynbranch.cluster.stream import open_lane
+
+    def errors(request_id: str, row: dict[str, Any]) -> Exception:
+        return RuntimeError(f"{request_id}: {row}")
+
+    async def over_lanes(actors: dict[str, Any]) -> list[tuple[float, float, float]]:
+        lanes = {e: await open_lane(e, a.open_lane.remote, errors) for e, a in actors.items()}
+
+        async def send(_actors: dict[str, Any], call: Call) -> float:
+            return await lanes[call.engine_id].call("generate", encode_request(call.request))
+        try:
+            return await _resend(calls, actors, send)
+        finally:
+            for lane in lanes.values():
+                lane.close()
+
+    return _floor(calls, _BareLane, over_lanes, ("to the actor, lane", "back to the caller, lane"))
+
+
+def _floor(calls: list[Call], actor: type, resend: Callable[[dict[str, Any]], Any],
+           names: tuple[str, str]) -> dict[str, dict[str, float]]:
     import ray
 
     ray.init(address="local", include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
-        engines = sorted({c.engine_id for c in calls})
-        remote = ray.remote(_Bare).options(num_cpus=0, max_concurrency=10_000)
-        actors = {e: remote.remote() for e in engines}
-        ray.get([a.generate.remote(None) for a in actors.values()])
-        legs = asyncio.run(_resend(calls, actors))
+        remote = ray.remote(actor).options(num_cpus=0, max_concurrency=10_000)
+        actors = {e: remote.remote() for e in sorted({c.engine_id for c in calls})}
+        ray.get([a.__ray_ready__.remote() for a in actors.values()])
+        with _collector_for_replay():  # NOTE: as the replay's driver: the heap is frozen
+            legs = asyncio.run(resend(actors))
     finally:
         ray.shutdown()
     stamps = np.array(legs) * 1e3
-    return {"to the actor": _stats(stamps[:, 1] - stamps[:, 0]),
-            "back to the caller": _stats(stamps[:, 2] - stamps[:, 1])}
+    return {names[0]: _stats(stamps[:, 1] - stamps[:, 0]),
+            names[1]: _stats(stamps[:, 2] - stamps[:, 1])}
 
 
-async def _resend(calls: list[Call], actors: dict[str, Any]) -> list[tuple[float, float, float]]:
+async def _resend(calls: list[Call], actors: dict[str, Any],
+                  send: Callable[[dict[str, Any], Call], Awaitable[float]],
+                  ) -> list[tuple[float, float, float]]:
     legs: list[tuple[float, float, float]] = []
 
     async def one(call: Call) -> None:
         t0 = time.monotonic()
-        taken = await actors[call.engine_id].generate.remote(call.request)
+        taken = await send(actors, call)
         legs.append((t0, taken, time.monotonic()))
 
     first, began, tasks = calls[0].start, time.monotonic(), []
@@ -176,15 +256,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for label, backend, lane in ARMS:
             r = got[label] = measure(label, backend, lane, args.requests, args.rate, Path(tmp),
-                                     floor=not lane)
+                                     floor=backend == "ray")
             print(f"{label}: {r['stages']} LLM stages (failed requests: {r['failed']})")
             print("   " + _line("stage duration       ", r["whole"]))
             print("   " + _line("overhead (less engine)", r["net"]))
             print("   " + _line("engine's own work    ", r["engine"]))
             for name, q in r.get("legs", {}).items():
                 print("   " + _line(f"call leg: {name:<18}", q))
+            queued = r.get("queued")
+            if queued:
+                print(f"   to the engine, split: {queued['sent while the engine was busy']} of "
+                      f"{queued['calls']} calls sent while their engine was doing another's work")
+                for part in ("idle", "busy"):
+                    if part in queued:
+                        print("   " + _line(f"  to the engine, engine {part:<5}", queued[part]))
             for name, q in r.get("floor", {}).items():
-                print("   " + _line(f"Ray alone: {name:<17}", q))
+                alone = "a lane alone" if lane else "Ray alone"
+                print("   " + _line(f"{alone}: {name:<25}", q))
     local = got["local"]
     for path in ("ray", "ray-actor-calls"):
         for part, label in (("whole", "stage duration"), ("net", "overhead less engine")):
