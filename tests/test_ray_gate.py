@@ -186,6 +186,30 @@ def test_a_restarted_actor_restores_exactly_the_state_it_acknowledged(tmp_path):
     assert stats["seq"] == asyncio.run(first.stats())["checkpoint"]["seq"]
 
 
+def test_a_json_snapshot_an_earlier_version_wrote_still_restores_the_gate(tmp_path):
+    import msgpack
+
+    model, config = gate_spec()
+    first = GateActor(model, config, str(tmp_path), snapshot_every=7)
+    asyncio.run(drive(_PlainClient(first)))
+    packed = tmp_path / "snapshot.msgpack"
+    snapshot = msgpack.unpackb(packed.read_bytes(), raw=False, strict_map_key=False)
+    ledger = snapshot["gate"]["ledger"]
+    assert ledger["released"]  # NOTE: rows now; the earlier version wrote dictionaries
+    for part in ("outstanding", "released"):
+        ledger[part] = [dict(zip(("reservation_id", "coordinate", "candidate", "blocks",
+                                  "reserved_at"), row, strict=True), ledger=ledger["name"])
+                        for row in ledger[part]]
+    (tmp_path / "snapshot.json").write_text(json.dumps(snapshot))
+    packed.unlink()
+    again = GateActor(model, config, str(tmp_path), snapshot_every=7)
+    assert asyncio.run(again.state()) == asyncio.run(first.state())
+    asyncio.run(again.checkpoint())  # the next snapshot replaces the JSON one
+    assert packed.exists() and not (tmp_path / "snapshot.json").exists()
+    assert asyncio.run(GateActor(model, config, str(tmp_path)).state()) == asyncio.run(
+        first.state())
+
+
 def test_a_torn_journal_line_is_cut_and_later_calls_append_after_it(tmp_path):
     model, config = gate_spec()
     first = GateActor(model, config, str(tmp_path))

@@ -10,7 +10,7 @@ form (another ledger's, a forged or edited copy) is an error.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from dynbranch.errors import DynBranchError
@@ -103,23 +103,42 @@ class KvLedger:
     # -- serialisation ---------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
+        """The ledger as plain data; each receipt a row ``[id, coordinate, candidate, blocks,
+        reserved_at]`` (every receipt it holds or remembers is its own, so its name once).
+
+        NOTE: rows, not dictionaries: the gate actor's snapshot holds up to
+        :data:`RECENTLY_RELEASED` released receipts, and as ``asdict`` dictionaries they
+        took half of a snapshot's time, during which the actor answers no call.
+        """
         return {
             "name": self.name,
             "capacity": self.capacity,
             "next_id": self._next_id,
-            "outstanding": [asdict(r) for r in self._outstanding.values()],
-            "released": [asdict(r) for r in self._released.values()],
+            "outstanding": [_row(r) for r in self._outstanding.values()],
+            "released": [_row(r) for r in self._released.values()],
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> KvLedger:
-        ledger = cls(state["name"], state["capacity"])
+        name = state["name"]
+        ledger = cls(name, state["capacity"])
         ledger._next_id = state["next_id"]
         for r in state["outstanding"]:
-            receipt = Reservation(**r)
+            receipt = _receipt(name, r)
             ledger._outstanding[receipt.reservation_id] = receipt
             ledger.reserved += receipt.blocks
         for r in state["released"]:
-            receipt = Reservation(**r)
+            receipt = _receipt(name, r)
             ledger._released[receipt.reservation_id] = receipt
         return ledger
+
+
+def _row(r: Reservation) -> list[Any]:
+    return [r.reservation_id, r.coordinate, r.candidate, r.blocks, r.reserved_at]
+
+
+def _receipt(ledger: str, row: list[Any] | dict[str, Any]) -> Reservation:
+    """The receipt of a :func:`_row` (or of the dictionary earlier states kept)."""
+    if isinstance(row, dict):
+        return Reservation(**row)
+    return Reservation(ledger, *row)

