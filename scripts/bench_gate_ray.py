@@ -185,6 +185,7 @@ async def bench_checkpoint(deployment) -> list[str]:
     import ray
 
     actor = deployment.actor
+    before = (await actor.stats.remote())["checkpoint"]
     t0 = time.perf_counter()
     snap = await actor.checkpoint.remote()
     snap_ms = (time.perf_counter() - t0) * 1e3
@@ -200,8 +201,12 @@ async def bench_checkpoint(deployment) -> list[str]:
             pass
         await asyncio.sleep(0.01)
     back_s = time.perf_counter() - t0
+    n = before["snapshots"]
     return [f"  snapshot: {snap['bytes'] / 1024:,.0f} KiB at journal entry {snap['seq']:,}, "
             f"{snap_ms:.1f} ms round trip",
+            f"  the {n} snapshots the actor wrote during the run (no call answered meanwhile): "
+            f"mean {before['snapshot_ms_total'] / max(n, 1):.1f} ms, "
+            f"max {before['snapshot_ms_max']:.1f} ms",
             f"  restart: killed actor answered again after {back_s:.2f} s "
             f"(replayed {stats['checkpoint']['replayed']} journal entries)"]
 
