@@ -3,21 +3,14 @@ engine's queue, and the lanes' floor (the same calls over lanes to bare actors).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from dynbranch.engines.protocol import GenerateRequest
+from tests import scripts
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_overhead.py"
-_spec = importlib.util.spec_from_file_location("bench_overhead", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("bench_overhead", bench)
-_spec.loader.exec_module(bench)
+bench = scripts.load("bench_overhead")
 Call = bench.Call
 
 

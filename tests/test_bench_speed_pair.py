@@ -4,7 +4,6 @@ replays, which are the CLI's, tested elsewhere)."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
@@ -14,12 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_speed_pair.py"
-_spec = importlib.util.spec_from_file_location("bench_speed_pair", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-pair = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("bench_speed_pair", pair)
-_spec.loader.exec_module(pair)
+from tests import scripts
+
+pair = scripts.load("bench_speed_pair")
 
 
 def _run(where: Path, *, start: float = 1.5, wall: float = 0.25, rows: int = 3) -> Path:
@@ -129,5 +125,5 @@ def test_mypyc_missing_is_named_with_how_to_install_it(tmp_path: Path, monkeypat
 
 
 def test_compiled_core_modules_exist() -> None:
-    root = SCRIPT.parents[1]
+    root = scripts.SCRIPTS.parent
     assert all((root / module).is_file() for module in pair.COMPILED_CORE)

@@ -3,19 +3,16 @@ prints are differences between two replays, and the functions it lists are count
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "calls_per_request.py"
+from tests import scripts
+
 FIXTURE = Path(__file__).parent / "fixtures" / "bfcl"
-_spec = importlib.util.spec_from_file_location("calls_per_request", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-calls = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(calls)
+calls = scripts.load("calls_per_request")
 
 
 def test_prints_calls_and_cpu_per_request_and_the_functions_called_most(

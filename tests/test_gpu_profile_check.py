@@ -6,10 +6,8 @@ timing, comparison with ``Profile.step_cost``, refit, JSON and markdown) in seco
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,13 +15,9 @@ import pytest
 pytest.importorskip("torch")
 
 from dynbranch.engines.profile import load_profile  # noqa: E402
+from tests import scripts
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_profile_check.py"
-_spec = importlib.util.spec_from_file_location("gpu_profile_check", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-check = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("gpu_profile_check", check)  # dataclasses look their module up
-_spec.loader.exec_module(check)
+check = scripts.load("gpu_profile_check")
 
 
 def test_tiny_cpu_run_writes_the_comparison_and_proposes_a_refit(tmp_path: Path) -> None:
