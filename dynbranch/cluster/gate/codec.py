@@ -157,7 +157,7 @@ def plain(value: Any) -> Any:
     numbers."""
     item = getattr(value, "item", None)
     if item is None:
-        raise TypeError(f"not JSON-able: {type(value).__name__}")
+        raise TypeError(f"cannot encode a {type(value).__name__}")
     return item()
 
 
