@@ -18,6 +18,11 @@ driver holding the result (the reply, the driver's event loop resuming the calle
 engine stamps its start and end on its clock, the actor's monotonic clock, which on one
 machine is the driver's: the legs are only meaningful for a local cluster.
 
+Each Ray LLM stage's overhead is also split into the parts it adds up from: the driver's own
+work before the engine call (the lookup, the replay text, placing the call on an engine), the
+call's two legs, and the driver's work after it (the stage's row, its record); and the mean of
+each part over the slowest 1 % of stages by overhead, which is what the tail is made of.
+
 The Ray backend runs twice: with its engine lanes (the default: each engine call over one
 direct TCP stream per engine actor, :mod:`dynbranch.cluster.engine_lane`) and without them
 (``--no-stream-lanes``: each engine call a Ray actor call), so the lane's gain is read in one
@@ -120,6 +125,7 @@ def measure(label: str, backend: str, lane: bool, requests: int, rate: float, ou
         stamps = np.array([(c.start, c.arrived, c.finished, c.end) for c in calls]) * 1e3
         got["legs"] = {name: _stats(stamps[:, b] - stamps[:, a]) for name, a, b in LEGS}
         got["queued"] = behind_engine_work(calls)
+        got["parts"] = stage_parts(llm, calls, result.orchestrator.rel)
         if floor:
             got["floor"] = lane_floor(calls) if lane else ray_floor(calls)
     return got
@@ -144,6 +150,51 @@ def behind_engine_work(calls: list[Call]) -> dict[str, Any]:
     for name, d in (("busy", busy), ("idle", idle)):
         if d:
             got[name] = _stats(np.array(d))
+    return got
+
+
+PARTS = ("the driver before the call", "to the engine", "back to the caller",
+         "the driver after the call")
+"""What an LLM stage's overhead on Ray is made of (with the engine's own work, its duration)."""
+SLOWEST = 0.01
+"""The share of stages, slowest overhead first, whose parts are averaged apart."""
+
+
+def stage_parts(stages: list[Any], calls: list[Call], rel: Callable[[float], float],
+                ) -> dict[str, Any]:
+    """Each LLM stage's overhead split into its parts: the driver's own work from the stage's
+    start to the engine call (looking it up, the replay text, placing it on an engine), the
+    two legs of the call, and the driver's work from holding the result to the stage's end
+    (its row, the record). They add up to the stage's duration less the engine's work.
+
+    ``rel`` turns a clock time into the run's (the stages' times). A call is matched to the
+    stage of its request and name whose span holds it on the same engine; a stage with none or
+    several such calls (parallel stages of one request on one engine, overlapping) is left out
+    and counted. Gives each part's quantiles, and the mean of each part over the slowest
+    :data:`SLOWEST` of the stages by overhead, which is what their tail is made of.
+    """
+    by_stage: dict[tuple[str, str], list[Call]] = {}
+    for c in calls:
+        request_id, _n, stage = c.request.request_id.rsplit("/", 2)
+        by_stage.setdefault((request_id, stage), []).append(c)
+    rows, unmatched = [], 0
+    for s in stages:
+        mine = [c for c in by_stage.get((s.request_id, s.stage), ())
+                if c.engine_id == s.engine and s.start <= rel(c.start) and rel(c.end) <= s.end]
+        if len(mine) != 1:
+            unmatched += 1
+            continue
+        c = mine[0]
+        rows.append((rel(c.start) - s.start, c.arrived - c.start, c.end - c.finished,
+                     s.end - rel(c.end), s.duration - s.engine_s))
+    got: dict[str, Any] = {"stages": len(rows), "unmatched": unmatched}
+    if not rows:
+        return got
+    a = np.array(rows) * 1e3
+    got["quantiles"] = {name: _stats(a[:, i]) for i, name in enumerate(PARTS)}
+    slowest = a[np.argsort(a[:, 4])[-max(1, round(len(a) * SLOWEST)):]]
+    got["slowest"] = {"stages": len(slowest), "overhead": float(slowest[:, 4].mean()),
+                      **{name: float(slowest[:, i].mean()) for i, name in enumerate(PARTS)}}
     return got
 
 
@@ -270,6 +321,16 @@ def main() -> None:
                 for part in ("idle", "busy"):
                     if part in queued:
                         print("   " + _line(f"  to the engine, engine {part:<5}", queued[part]))
+            parts = r.get("parts")
+            if parts and "quantiles" in parts:
+                print(f"   each stage's overhead in parts ({parts['stages']} stages matched to "
+                      f"their call, {parts['unmatched']} not):")
+                for name, q in parts["quantiles"].items():
+                    print("   " + _line(f"  {name:<26}", q))
+                slow = parts["slowest"]
+                print(f"   the slowest {slow['stages']} stages by overhead ({slow['overhead']:.3f} ms "
+                      "on average), their parts on average: " + ", ".join(
+                          f"{name} {slow[name]:.3f} ms" for name in PARTS))
             for name, q in r.get("floor", {}).items():
                 alone = "a lane alone" if lane else "Ray alone"
                 print("   " + _line(f"{alone}: {name:<25}", q))

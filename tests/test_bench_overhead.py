@@ -8,6 +8,7 @@ import time
 import pytest
 
 from dynbranch.engines.protocol import GenerateRequest
+from dynbranch.runtime.runlog import StageRecord
 from tests import scripts
 
 bench = scripts.load("bench_overhead")
@@ -15,7 +16,11 @@ Call = bench.Call
 
 
 def _request(i: int) -> GenerateRequest:
-    return GenerateRequest(request_id=f"r{i}", prompt="p" * 40_000, max_tokens=8)
+    return _request_id(f"r{i}")
+
+
+def _request_id(request_id: str) -> GenerateRequest:
+    return GenerateRequest(request_id=request_id, prompt="p" * 40_000, max_tokens=8)
 
 
 def test_a_call_sent_while_its_engine_works_on_another_is_counted_as_queued() -> None:
@@ -52,3 +57,38 @@ def test_the_lane_floor_sends_every_call_again_over_lanes_to_bare_actors() -> No
     assert set(floor) == {"to the actor, lane", "back to the caller, lane"}
     for leg in floor.values():
         assert 0.0 < leg["p50"] <= leg["p99"] < 5_000.0  # ms: one machine, real stamps
+
+
+def _stage(request_id: str, stage: str, engine: str, start: float, end: float,
+           engine_s: float) -> StageRecord:
+    return StageRecord(request_id, stage, "llm", 0, None, start, end, engine=engine,
+                       engine_s=engine_s)
+
+
+def test_a_stage_overhead_splits_into_the_driver_s_parts_and_the_call_s_legs() -> None:
+    # NOTE: the run's clock starts at 100 s; stages are in run time, calls in clock time
+    rel = lambda t: t - 100.0  # noqa: E731
+    stages = [_stage("r0", "router", "e0", 1.0, 2.0, 0.5),
+              _stage("r1", "router", "e1", 3.0, 3.1, 0.02)]
+    calls = [Call(101.1, 101.3, 101.8, 101.9, "e0", _request_id("r0/1/router")),
+             Call(103.01, 103.02, 103.04, 103.05, "e1", _request_id("r1/1/router"))]
+    got = bench.stage_parts(stages, calls, rel)
+    assert got["stages"] == 2 and got["unmatched"] == 0
+    q = got["quantiles"]
+    # r0: 0.1 s of driver before, 0.2 to the engine, 0.1 back, 0.1 after: 0.5 s of overhead
+    assert q["the driver before the call"]["p99"] == pytest.approx(100.0, rel=0.05)
+    assert q["to the engine"]["p99"] == pytest.approx(200.0, rel=0.1)
+    slow = got["slowest"]
+    assert slow["stages"] == 1 and slow["overhead"] == pytest.approx(500.0)
+    parts = [slow[name] for name in bench.PARTS]
+    assert parts == pytest.approx([100.0, 200.0, 100.0, 100.0])
+    assert sum(parts) == pytest.approx(slow["overhead"])
+
+
+def test_a_stage_with_two_calls_inside_it_on_its_engine_is_left_out_and_counted() -> None:
+    rel = lambda t: t  # noqa: E731
+    stages = [_stage("r0", "handler", "e0", 0.0, 1.0, 0.1)]
+    calls = [Call(0.1, 0.2, 0.3, 0.4, "e0", _request_id("r0/1/handler")),
+             Call(0.2, 0.3, 0.4, 0.5, "e0", _request_id("r0/2/handler"))]
+    got = bench.stage_parts(stages, calls, rel)
+    assert got == {"stages": 0, "unmatched": 1}
