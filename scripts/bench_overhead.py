@@ -89,20 +89,37 @@ def timed_ray_calls() -> Iterator[list[Call]]:
     from dynbranch.cluster.backend import RayEngineClient
 
     calls: list[Call] = []
-    plain = RayEngineClient.generate
+    plain, plain_start, plain_finish = (RayEngineClient.generate, RayEngineClient.start,
+                                        RayEngineClient.finish)
+    started: dict[int, float] = {}
 
-    async def generate(self, request):
+    async def generate(self, request):  # NOTE: an actor call (no lane)
         t0 = time.monotonic()  # NOTE: the real clock's loop time, as the engine's
         result = await plain(self, request)
         calls.append(Call(t0, result.arrived_at, result.finished_at, time.monotonic(),
                           self.engine_id, request))
         return result
 
-    RayEngineClient.generate = generate
+    def start(self, request):  # NOTE: a call over the lane, sent at once
+        t0 = time.monotonic()
+        future = plain_start(self, request)
+        if future is not None:
+            started[id(future)] = t0
+        return future
+
+    def finish(self, future, request):
+        result = plain_finish(self, future, request)
+        calls.append(Call(started.pop(id(future)), result.arrived_at, result.finished_at,
+                          time.monotonic(), self.engine_id, request))
+        return result
+
+    RayEngineClient.generate, RayEngineClient.start, RayEngineClient.finish = (
+        generate, start, finish)
     try:
         yield calls
     finally:
-        RayEngineClient.generate = plain
+        RayEngineClient.generate, RayEngineClient.start, RayEngineClient.finish = (
+            plain, plain_start, plain_finish)
 
 
 ARMS = (("local", "local", True), ("ray", "ray", True), ("ray-actor-calls", "ray", False))

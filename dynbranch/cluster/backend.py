@@ -25,7 +25,7 @@ from dynbranch.cluster.engine_lane import (
     encode_request,
 )
 from dynbranch.cluster.store import DEFAULT_SHARDS
-from dynbranch.cluster.stream import OPEN_TIMEOUT_S, Lane, LaneBroken, open_lane
+from dynbranch.cluster.stream import OPEN_TIMEOUT_S, Lane, LaneBroken, answer, open_lane
 from dynbranch.engines.protocol import GenerateRequest, GenerateResult, LoadSnapshot
 from dynbranch.errors import ConfigError, EngineDied
 from dynbranch.reuse.client import StoreClient
@@ -88,6 +88,7 @@ class RayEngineClient(EngineClient):
         self._actor, self.engine_id = actor, engine_id
         self.health_timeout_s = health_timeout_s
         self.lane: Lane | None = None
+        self._lane_errors = functools.partial(decode_error, engine_id)
         self.laned = False  # whether this client wants a lane (reopened after a break)
         self.lane_counts = {"opened": 0, "broken": 0, "failed_to_open": 0, "lane_calls": 0,
                             "actor_calls": 0}
@@ -99,7 +100,7 @@ class RayEngineClient(EngineClient):
         self.laned = True
         try:
             lane = await open_lane(f"engine {self.engine_id}", self._actor.open_lane.remote,
-                                   functools.partial(decode_error, self.engine_id), timeout_s)
+                                   self._lane_errors, timeout_s)
         except Exception:  # NOTE: a dead actor, a closed port, a timeout: actor calls remain
             self.lane_counts["failed_to_open"] += 1
             return False
@@ -140,6 +141,22 @@ class RayEngineClient(EngineClient):
         self.lane_counts["actor_calls"] += 1
         with _engine_errors(self.engine_id, request.request_id):
             return await self._actor.generate.remote(request)
+
+    def start(self, request: GenerateRequest) -> asyncio.Future | None:
+        lane = self._open_lane()
+        if lane is None:
+            return None  # NOTE: an actor call is sent from a task, as it always was
+        self.lane_counts["lane_calls"] += 1
+        try:
+            return lane.send("generate", encode_request(request))
+        except LaneBroken as e:
+            raise EngineDied(self.engine_id, request.request_id, f"engine lane broke: {e}") from None
+
+    def finish(self, started: asyncio.Future, request: GenerateRequest) -> GenerateResult:
+        try:
+            return decode_result(answer(started, self._lane_errors, request.request_id))
+        except LaneBroken as e:
+            raise EngineDied(self.engine_id, request.request_id, f"engine lane broke: {e}") from None
 
     async def abort(self, request_id: str) -> bool:
         lane = self._open_lane()

@@ -213,6 +213,15 @@ def serve_in_thread(server: LaneServer, host: str) -> tuple[str, int]:
     return started[0]
 
 
+def answer(reply: asyncio.Future, errors: Errors, request_id: str = "") -> Any:
+    """What the call whose reply is ``reply`` (done: :meth:`Lane.send`) returned; raises what
+    its handler raised (through ``errors``), or :class:`LaneBroken`."""
+    status, payload = reply.result()
+    if status:
+        raise errors(request_id, payload)
+    return payload
+
+
 class Lane:
     """The caller's side: one connection to an actor, many calls in flight on it."""
 
@@ -245,6 +254,27 @@ class Lane:
     async def call(self, method: str, arg: Any, request_id: str = "") -> Any:
         """``method(arg)`` on the actor; raises what its handler raised (through ``errors``),
         or :class:`LaneBroken`."""
+        reply = self.send(method, arg)
+        try:
+            if self._writer.transport.get_write_buffer_size() > _FLUSH_AT:
+                await self._writer.drain()
+            await reply
+        except (ConnectionError, OSError) as e:
+            raise LaneBroken(f"{type(e).__name__}: {e}") from None
+        finally:
+            if not reply.done():
+                reply.cancel()  # NOTE: a cancelled caller; its reply is dropped when it comes
+        return answer(reply, self._errors, request_id)
+
+    def send(self, method: str, arg: Any) -> asyncio.Future:
+        """Send ``method(arg)`` now, in the caller's own step, and return the future of its
+        reply, which :func:`answer` reads (cancel it to drop a reply no one will read).
+
+        NOTE: :meth:`call` is this, then a wait: a caller that has to wait on something else
+        as well (the pool races an engine's call with the engine going down) sends at once
+        instead of in a task of its own, which would send only when the event loop has run
+        everything ready before it (another request's steps, milliseconds at the tail).
+        """
         if self.broken is not None:
             raise LaneBroken(self.broken)
         call_id = next(self._ids)
@@ -252,25 +282,21 @@ class Lane:
             frame = _frame([call_id, method, arg])
         except (TypeError, ValueError, OverflowError) as e:
             raise Unsendable(f"{method}: {type(e).__name__}: {e}") from None
-        reply = self._pending[call_id] = asyncio.get_running_loop().create_future()
+        reply = self._pending[call_id] = self.loop.create_future()
         try:
-            await _send(self._writer, frame)
-            self.calls += 1
-            status, payload = await reply
+            self._writer.write(frame)
         except (ConnectionError, OSError) as e:
+            del self._pending[call_id]
             raise LaneBroken(f"{type(e).__name__}: {e}") from None
-        finally:
-            self._pending.pop(call_id, None)
-        if status:
-            raise self._errors(request_id, payload)
-        return payload
+        self.calls += 1
+        return reply
 
     async def _read_replies(self) -> None:
         reason = f"{self.name} closed the lane"
         try:
             while (reply := await _read(self._reader)) is not None:
                 call_id, status, payload = reply
-                future = self._pending.get(call_id)
+                future = self._pending.pop(call_id, None)
                 if future is not None and not future.done():
                     future.set_result((status, payload))
         except (ConnectionError, OSError, asyncio.IncompleteReadError, ValueError,
@@ -285,6 +311,7 @@ class Lane:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(LaneBroken(reason))
+        self._pending.clear()
         self._writer.close()
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ actors with the same coroutines, so everything above runs unchanged on both.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -63,6 +64,17 @@ class EngineClient(ABC):
     async def health(self) -> bool:
         """Whether the engine answers and is serving (its health probe); never raises."""
         return True
+
+    def start(self, request: GenerateRequest) -> asyncio.Future | None:
+        """Send ``request`` to a remote engine now, within the caller's step, and return the
+        future of its answer, which :meth:`finish` reads; ``None`` when this client cannot
+        (the pool then runs :meth:`generate` as a task of its own)."""
+        return None
+
+    def finish(self, started: asyncio.Future, request: GenerateRequest) -> GenerateResult:
+        """The result of the call :meth:`start` sent, whose future ``started`` is done;
+        raises what :meth:`generate` would have."""
+        raise NotImplementedError(f"{type(self).__name__} starts no calls")
 
 
 class LocalEngineClient(EngineClient):

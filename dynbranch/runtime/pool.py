@@ -200,17 +200,21 @@ class EnginePool:
         """Run ``request`` on ``engine``; a remote engine's call is abandoned
         (``EngineDied``) if the engine goes down while it runs."""
         engine.open += 1
-        call = (
-            asyncio.ensure_future(engine.client.generate(request)) if engine.client.remote else None
-        )
+        client = engine.client
+        call = started = None
         try:
-            if call is None:  # NOTE: in process: it fails by raising, and costs no extra task
-                return await engine.client.generate(request)
+            if not client.remote:  # NOTE: in process: it fails by raising, and costs no task
+                return await client.generate(request)
+            # NOTE: sent now where the client can (an open lane), not from a task of its own,
+            # which the event loop would start only after everything ready before it
+            started = client.start(request)
+            call = started if started is not None else asyncio.ensure_future(
+                client.generate(request))
             if engine.gone is None or engine.gone.done():
                 engine.gone = asyncio.get_running_loop().create_future()
             await asyncio.wait((call, engine.gone), return_when=asyncio.FIRST_COMPLETED)
             if call.done():
-                return call.result()
+                return client.finish(call, request) if started is not None else call.result()
             self.counts["abandoned"] += 1
             raise EngineDied(
                 engine.client.engine_id,
@@ -218,7 +222,8 @@ class EnginePool:
                 f"went down while the call ran ({engine.down_reason})",
             )
         except BaseException:
-            if call is None or not call.done():
+            sent = call is not None and not call.done() if client.remote else True
+            if sent:
                 # NOTE: a cancelled caller (a losing fill) or an abandoned call must not keep
                 # running on a remote engine; in-process engines abort on cancellation.
                 if call is not None:
