@@ -18,7 +18,7 @@ from dynbranch.cluster.engine_lane import (
     encode_result,
     engine_handler,
 )
-from dynbranch.cluster.stream import Lane, LaneBroken, LaneServer
+from dynbranch.cluster.stream import Lane, LaneBroken, LaneServer, answer
 from dynbranch.engines.protocol import (
     Engine,
     GenerateChunk,
@@ -40,6 +40,7 @@ class _Scripted(Engine):
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
+        self.waited: list[str] = []  # the calls that reached the engine and wait
 
     async def start(self) -> None:
         pass
@@ -51,6 +52,7 @@ class _Scripted(Engine):
             raise EngineAborted(request.request_id)
         if request.prompt == "bug":
             raise ValueError("not an engine error")
+        self.waited.append(request.request_id)
         await self.release.wait()
         yield GenerateChunk(request.request_id, "x", GenerateResult(
             request.request_id, "x", 1, 1, 0, "stop", 1.0, 1.0, 1.0, 2.0, 0, self.engine_id))
@@ -180,3 +182,32 @@ def test_calls_in_flight_when_the_connection_ends_raise_lane_broken():
         return lane.broken
 
     assert clock.run(main())
+
+
+def test_a_call_sent_at_once_is_on_the_wire_before_the_caller_suspends():
+    clock = RealClock()
+
+    async def main():
+        engine = _Scripted()
+        server, lane = await _serve(engine)
+        try:
+            sent = lane.send("generate", encode_request(GenerateRequest("s", "wait", 4)))
+            waiting = lane.send("generate", encode_request(GenerateRequest("t", "wait", 4)))
+            await asyncio.sleep(0.05)
+            taken_up = list(engine.waited)  # NOTE: both reached the engine, neither awaited
+            engine.release.set()
+            await asyncio.wait_for(asyncio.gather(sent, waiting), 5)
+            first = decode_result(answer(sent, lane._errors, "s"))
+            failing = lane.send("generate", encode_request(GenerateRequest("u", "too long", 4)))
+            await asyncio.wait_for(asyncio.wait((failing,)), 5)
+            with pytest.raises(PromptTooLongError):
+                answer(failing, lane._errors, "u")
+            dropped = lane.send("generate", encode_request(GenerateRequest("v", "wait", 4)))
+            dropped.cancel()  # NOTE: no one reads it: its reply is let go when it comes
+            return taken_up, first, lane.calls
+        finally:
+            lane.close()
+            server.close()
+
+    taken_up, first, calls = clock.run(main())
+    assert taken_up == ["s", "t"] and first.request_id == "s" and calls == 4

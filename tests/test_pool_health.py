@@ -266,3 +266,72 @@ def test_reading_loads_at_once_turns_the_event_loop_as_often_as_gather():
     through_gather = clock.run(trace(_Immediate))
     assert "loads" in through_gather[1:-1]
     assert clock.run(trace(_AtOnce)) == through_gather
+
+
+class _Sending(FakeEngine):
+    """A remote engine whose calls are sent at once, as over a lane: :meth:`start` returns the
+    future of the answer, which comes ``step_s`` later (never while the engine hangs)."""
+
+    def __init__(self, engine_id: str, clock: VirtualClock, events: list[str]) -> None:
+        super().__init__(engine_id, clock)
+        self.events = events
+        self.pending: list[asyncio.Future] = []
+        self._answering: set[asyncio.Task] = set()
+
+    def start(self, request: GenerateRequest) -> asyncio.Future:
+        self.calls.append(request.request_id)
+        self.events.append(f"sent {request.request_id} to {self.engine_id}")
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append(future)
+
+        async def answer() -> None:
+            result = await self.generate(request)
+            if not future.done():
+                future.set_result(result)
+
+        task = asyncio.ensure_future(answer())
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+        return future
+
+    def finish(self, started: asyncio.Future, request: GenerateRequest) -> GenerateResult:
+        return started.result()
+
+
+def test_a_call_the_client_can_send_at_once_goes_before_anything_else_ready():
+    clock = VirtualClock()
+
+    async def main():
+        events: list[str] = []
+        sending = _Sending("e0", clock, events)
+        pool = EnginePool({"target": [sending]}, LeastOutstanding, clock=clock)
+        asyncio.get_running_loop().call_soon(events.append, "another step")
+        _client, result = await pool.generate("target", req(1))
+        plain_pool, (plain,) = pool_of(1, clock)
+        asyncio.get_running_loop().call_soon(events.append, "another step")
+        await plain_pool.generate("target", req(2))
+        return events, result, plain
+
+    events, result, plain = clock.run(main())
+    # NOTE: a client that cannot send at once is run as a task, which waits its turn
+    assert events == ["sent r1 to e0", "another step", "another step"]
+    assert result.text == "out:e0" and plain.calls == ["r2"]
+
+
+def test_a_call_sent_at_once_is_abandoned_and_retried_when_its_engine_hangs():
+    clock = VirtualClock()
+
+    async def main():
+        events: list[str] = []
+        e0, e1 = _Sending("e0", clock, events), _Sending("e1", clock, events)
+        pool = EnginePool({"target": [e0, e1]}, LeastOutstanding, clock=clock,
+                          health=HealthPolicy(sweep_s=2.0, probe_s=0.5))
+        e0.hung = True
+        client, result = await pool.generate("target", req(1))
+        await pool.close()
+        return pool, e0, client, events
+
+    pool, e0, client, events = clock.run(main())
+    assert events == ["sent r1 to e0", "sent r1 to e1"] and client.engine_id == "e1"
+    assert e0.aborted == ["r1"] and e0.pending[0].cancelled()
+    assert pool.counts["abandoned"] == 1 and pool.counts["retried"] == 1
