@@ -335,3 +335,21 @@ def test_a_call_sent_at_once_is_abandoned_and_retried_when_its_engine_hangs():
     assert events == ["sent r1 to e0", "sent r1 to e1"] and client.engine_id == "e1"
     assert e0.aborted == ["r1"] and e0.pending[0].cancelled()
     assert pool.counts["abandoned"] == 1 and pool.counts["retried"] == 1
+
+
+def test_a_cancelled_caller_aborts_its_call_sent_at_once():
+    clock = VirtualClock()
+
+    async def main():
+        e0 = _Sending("e0", clock, [])
+        pool = EnginePool({"target": [e0]}, LeastOutstanding, clock=clock)
+        task = asyncio.ensure_future(pool.generate("target", req(7)))
+        await clock.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return e0, pool
+
+    e0, pool = clock.run(main())
+    assert e0.aborted == ["r7"] and e0.pending[0].cancelled()
+    assert pool._engines["target"][0].open == 0 and pool.counts["abandoned"] == 0

@@ -65,6 +65,7 @@ class _Engine:
         self.open = 0
         self.down_reason: str | None = None
         self.gone: asyncio.Future | None = None  # set when it goes down; calls race it
+        self.sent: set[asyncio.Future] = set()  # calls sent at once, cancelled if it goes down
         self.probe: asyncio.Task | None = None
 
     @property
@@ -201,20 +202,62 @@ class EnginePool:
         (``EngineDied``) if the engine goes down while it runs."""
         engine.open += 1
         client = engine.client
-        call = started = None
         try:
             if not client.remote:  # NOTE: in process: it fails by raising, and costs no task
-                return await client.generate(request)
+                try:
+                    return await client.generate(request)
+                except BaseException:
+                    await asyncio.shield(self._abort(engine, request.request_id))
+                    raise
             # NOTE: sent now where the client can (an open lane), not from a task of its own,
             # which the event loop would start only after everything ready before it
             started = client.start(request)
-            call = started if started is not None else asyncio.ensure_future(
-                client.generate(request))
+            if started is not None:
+                return await self._answer(engine, started, request)
+            return await self._race(engine, asyncio.ensure_future(client.generate(request)),
+                                    request)
+        finally:
+            engine.open -= 1
+
+    async def _answer(self, engine: _Engine, started: asyncio.Future,
+                      request: GenerateRequest) -> GenerateResult:
+        """The answer to a call the client sent at once (``started``), read as soon as it
+        comes (one turn of the event loop); the engine going down cancels it
+        (:meth:`_mark_down`), which abandons the call."""
+        engine.sent.add(started)
+        try:
+            try:
+                await started
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if engine.up or (task is not None and task.cancelling()):
+                    raise  # NOTE: the caller was cancelled
+                self.counts["abandoned"] += 1
+                raise EngineDied(engine.client.engine_id, request.request_id,
+                                 f"went down while the call ran ({engine.down_reason})"
+                                 ) from None
+            except Exception:
+                pass  # NOTE: the call's own failure, which finish() raises typed
+            return engine.client.finish(started, request)
+        except BaseException:
+            if started.cancelled():
+                # NOTE: a cancelled caller (a losing fill) or an abandoned call must not keep
+                # running on a remote engine
+                await asyncio.shield(self._abort(engine, request.request_id))
+            raise
+        finally:
+            engine.sent.discard(started)
+
+    async def _race(self, engine: _Engine, call: asyncio.Future,
+                    request: GenerateRequest) -> GenerateResult:
+        """The result of a remote call run as a task (``call``), raced with the engine going
+        down, which abandons it."""
+        try:
             if engine.gone is None or engine.gone.done():
                 engine.gone = asyncio.get_running_loop().create_future()
             await asyncio.wait((call, engine.gone), return_when=asyncio.FIRST_COMPLETED)
             if call.done():
-                return client.finish(call, request) if started is not None else call.result()
+                return call.result()
             self.counts["abandoned"] += 1
             raise EngineDied(
                 engine.client.engine_id,
@@ -222,16 +265,11 @@ class EnginePool:
                 f"went down while the call ran ({engine.down_reason})",
             )
         except BaseException:
-            sent = call is not None and not call.done() if client.remote else True
-            if sent:
-                # NOTE: a cancelled caller (a losing fill) or an abandoned call must not keep
-                # running on a remote engine; in-process engines abort on cancellation.
-                if call is not None:
-                    call.cancel()
+            if not call.done():
+                # NOTE: a cancelled caller or an abandoned call must not keep running
+                call.cancel()
                 await asyncio.shield(self._abort(engine, request.request_id))
             raise
-        finally:
-            engine.open -= 1
 
     @staticmethod
     async def _abort(engine: _Engine, request_id: str) -> None:
@@ -257,6 +295,8 @@ class EnginePool:
         self.counts["went_down"] += 1
         if engine.gone is not None and not engine.gone.done():
             engine.gone.set_result(None)
+        for started in list(engine.sent):
+            started.cancel()  # NOTE: each call sent at once on it is abandoned (_answer)
         if self.clock is not None and (engine.probe is None or engine.probe.done()):
             engine.probe = asyncio.get_running_loop().create_task(
                 self._probe(engine), name=f"probe {engine.client.engine_id}"
