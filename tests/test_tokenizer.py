@@ -72,3 +72,31 @@ def test_the_encoder_remembers_a_bounded_number_of_texts() -> None:
         text = f"prompt {i} " * 200
         assert encode(text) == fresh(text)
     assert len(tokenizer._ENCODER.recent) == RECENT_TEXTS
+
+
+# Every class the pattern knows, the characters where Python's ``\s`` and ``\d`` go beyond
+# ASCII (a no-break space, an ideographic space, the ASCII separators, an Arabic-Indic digit),
+# non-ASCII letters and symbols the pattern counts as "other", and a lone surrogate.
+_CHARACTERS = st.sampled_from(
+    list("abcXYZ0123456789 ,.;:{}\"'_-\t\n\r\x0b\x0c\x1c") + [" "] * 8
+    + ["é", "ß", "٣", "\u00a0", "\u3000", "😀", "\ud800", "Ⅻ", "²"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_CHARACTERS, max_size=80).map("".join))
+def test_piece_ends_are_where_the_pattern_s_pieces_end(text: str) -> None:
+    got = tokenizer.piece_ends(text).tolist()
+    ends, at = [], 0
+    for piece in pieces(text):
+        at += len(piece)
+        ends.append(at)
+    assert got == ends
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(fragments, min_size=1, max_size=40).map("".join), st.integers(1, 200))
+def test_a_long_text_is_counted_on_arrays_as_the_pattern_counts_it(chunk: str, times: int) -> None:
+    text = chunk * times + "é ٣ x"
+    if len(text) < tokenizer.VECTOR_MIN_CHARS:
+        text *= tokenizer.VECTOR_MIN_CHARS // len(text) + 1
+    assert count_tokens(text) == len(pieces(text))

@@ -26,6 +26,8 @@ from array import array
 from bisect import bisect_right
 from itertools import accumulate
 
+import numpy as np
+
 from dynbranch.prefix_memo import RecentPrefixes
 
 VOCAB_SIZE = 151_936  # Qwen3's vocabulary size; ids are folded into it.
@@ -39,6 +41,62 @@ MIN_CACHED_CHARS = 512
 """Texts shorter than this are encoded from scratch and not remembered."""
 MAX_PIECE_IDS = 1 << 18
 """Distinct pieces whose ids are remembered (the table is cleared when it fills)."""
+
+
+VECTOR_MIN_CHARS = 2048
+"""Texts at least this long are counted with :func:`piece_ends` (numpy) rather than the regex:
+a 23,000-character Routing prompt in 0.55 ms against 1.1 ms. (Encoding them stays with the
+regex: the pieces' strings cost what the matching saves.)"""
+
+# NOTE: the pattern's character classes: 0 anything else (``[^\sA-Za-z\d]``), 1 an ASCII
+# letter, 2 a decimal digit (``\d`` is ``str.isdecimal``), 3 whitespace (``\s`` is
+# ``str.isspace``); the longest piece of each class (whitespace: the whole run).
+_OTHER, _LETTER, _DIGIT, _SPACE = 0, 1, 2, 3
+_ASCII_CLASS = np.array([_LETTER if chr(c).isascii() and chr(c).isalpha()
+                         else _DIGIT if chr(c).isdecimal()
+                         else _SPACE if chr(c).isspace() else _OTHER for c in range(128)],
+                        dtype=np.int8)
+_LONGEST = np.array([2, 6, 3, 1 << 62], dtype=np.int64)
+
+
+def _class_of(c: str) -> int:
+    return _DIGIT if c.isdecimal() else _SPACE if c.isspace() else _OTHER
+
+
+def piece_ends(text: str) -> np.ndarray:
+    """Where each of ``text``'s pieces ends (``pieces(text)``'s running lengths), computed on
+    the characters as arrays: the same pieces as the pattern, without matching it piece by
+    piece or making their strings (a test compares the two).
+
+    The pattern cuts a run of one class into its longest pieces from the left (letters 6,
+    digits 3, other characters 2, whitespace whole), and a lone space before a run of
+    letters, digits or other characters goes with that run's first piece (`` ?``); a longer
+    run of whitespace is one piece, so the run after it starts bare.
+    """
+    n = len(text)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    ascii_ = codes < 128
+    if ascii_.all():
+        cls = _ASCII_CLASS[codes]
+    else:
+        cls = np.empty(n, dtype=np.int8)
+        cls[ascii_] = _ASCII_CLASS[codes[ascii_]]
+        wide, where = np.unique(codes[~ascii_], return_inverse=True)
+        cls[~ascii_] = np.array([_class_of(chr(c)) for c in wide.tolist()], np.int8)[where]
+    cut = np.flatnonzero(cls[1:] != cls[:-1]) + 1
+    starts = np.concatenate(([0], cut))
+    ends = np.concatenate((cut, [n]))
+    longest = _LONGEST[cls[starts]]
+    chunks = (ends - starts + longest - 1) // longest
+    # NOTE: a run that is one space, followed by a run that is not whitespace, ends no piece:
+    # it is the first piece of the run after it (whose pieces are cut as if it were not there)
+    chunks[:-1][(chunks[:-1] == 1) & (ends[:-1] - starts[:-1] == 1)
+                & (codes[starts[:-1]] == 32) & (cls[cut] != _SPACE)] = 0
+    run = np.repeat(np.arange(len(starts)), chunks)
+    k = np.arange(len(run)) - np.repeat(np.cumsum(chunks) - chunks, chunks)
+    return np.minimum(starts[run] + (k + 1) * longest[run], ends[run])
 
 
 def pieces(text: str) -> list[str]:
@@ -125,4 +183,6 @@ def tokenize(text: str) -> tuple[list[str], list[int]]:
 
 def count_tokens(text: str) -> int:
     """Number of tokens ``text`` has under this stand-in."""
-    return len(_PIECE.findall(text))
+    if len(text) < VECTOR_MIN_CHARS:
+        return len(_PIECE.findall(text))
+    return len(piece_ends(text))
