@@ -52,8 +52,7 @@ regex: the pieces' strings cost what the matching saves.)"""
 # letter, 2 a decimal digit (``\d`` is ``str.isdecimal``), 3 whitespace (``\s`` is
 # ``str.isspace``); the longest piece of each class (whitespace: the whole run).
 _OTHER, _LETTER, _DIGIT, _SPACE = 0, 1, 2, 3
-_ASCII_CLASS = np.array([_LETTER if chr(c).isascii() and chr(c).isalpha()
-                         else _DIGIT if chr(c).isdecimal()
+_ASCII_CLASS = np.array([_LETTER if chr(c).isalpha() else _DIGIT if chr(c).isdecimal()
                          else _SPACE if chr(c).isspace() else _OTHER for c in range(128)],
                         dtype=np.int8)
 _LONGEST = np.array([2, 6, 3, 1 << 62], dtype=np.int64)
