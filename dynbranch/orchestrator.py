@@ -181,8 +181,8 @@ class RequestContext:
     # -- stages ---------------------------------------------------------------------------
 
     async def llm(self, stage: str, values: Mapping[str, Any]) -> str:
+        start = self._o.rel()  # NOTE: before rendering, which is the stage's own work
         call = self.state.render(stage, "llm", values)
-        start = self._o.rel()
         lookup = await self._lookup(call)
         if lookup.served is not None:
             return self._log_served(call, lookup.served, start)
@@ -203,8 +203,8 @@ class RequestContext:
         return result.text
 
     async def tool(self, stage: str, values: Mapping[str, Any]) -> Any:
+        start = self._o.rel()  # NOTE: before rendering, which is the stage's own work
         call = self.state.render(stage, "tool", values)
-        start = self._o.rel()
         issued = self._o.splices.mark()
         lookup = await self._lookup(call)
         if lookup.served is not None:
@@ -249,8 +249,8 @@ class RequestContext:
         return result, row
 
     async def human(self, stage: str, values: Mapping[str, Any], think_s: float) -> None:
+        start = self._o.rel()  # NOTE: before rendering, which is the stage's own work
         call = self.state.render(stage, "human", values)
-        start = self._o.rel()
         await self._o.clock.sleep(think_s)
         self.last_human_end = self._row(call, start, None, engine="human").end
 

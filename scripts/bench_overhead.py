@@ -180,24 +180,22 @@ SLOWEST = 0.01
 def stage_parts(stages: list[Any], calls: list[Call], rel: Callable[[float], float],
                 ) -> dict[str, Any]:
     """Each LLM stage's overhead split into its parts: the driver's own work from the stage's
-    start to the engine call (looking it up, the replay text, placing it on an engine), the
-    two legs of the call, and the driver's work from holding the result to the stage's end
-    (its row, the record). They add up to the stage's duration less the engine's work.
+    start to the engine call (rendering it, looking it up, the replay text, placing it on an
+    engine), the two legs of the call, and the driver's work from holding the result to the
+    stage's end (its row, the record). They add up to the stage's duration less the engine's work.
 
     ``rel`` turns a clock time into the run's (the stages' times). A call is matched to the
-    stage of its request and name whose span holds it on the same engine; a stage with none or
-    several such calls (parallel stages of one request on one engine, overlapping) is left out
-    and counted. Gives each part's quantiles, and the mean of each part over the slowest
+    stage whose row names its call id (``call_id``) on the same engine; a stage with no such
+    call, or with several (a call retried on the engine it first went to), is left out and
+    counted. Gives each part's quantiles, and the mean of each part over the slowest
     :data:`SLOWEST` of the stages by overhead, which is what their tail is made of.
     """
-    by_stage: dict[tuple[str, str], list[Call]] = {}
+    by_call: dict[tuple[str, str], list[Call]] = {}
     for c in calls:
-        request_id, _n, stage = c.request.request_id.rsplit("/", 2)
-        by_stage.setdefault((request_id, stage), []).append(c)
+        by_call.setdefault((c.request.request_id, c.engine_id), []).append(c)
     rows, unmatched = [], 0
     for s in stages:
-        mine = [c for c in by_stage.get((s.request_id, s.stage), ())
-                if c.engine_id == s.engine and s.start <= rel(c.start) and rel(c.end) <= s.end]
+        mine = by_call.get((s.call_id, s.engine), ())
         if len(mine) != 1:
             unmatched += 1
             continue

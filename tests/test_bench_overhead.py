@@ -60,16 +60,16 @@ def test_the_lane_floor_sends_every_call_again_over_lanes_to_bare_actors() -> No
 
 
 def _stage(request_id: str, stage: str, engine: str, start: float, end: float,
-           engine_s: float) -> StageRecord:
+           engine_s: float, call_id: str) -> StageRecord:
     return StageRecord(request_id, stage, "llm", 0, None, start, end, engine=engine,
-                       engine_s=engine_s)
+                       call_id=call_id, engine_s=engine_s)
 
 
 def test_a_stage_overhead_splits_into_the_driver_s_parts_and_the_call_s_legs() -> None:
     # NOTE: the run's clock starts at 100 s; stages are in run time, calls in clock time
     rel = lambda t: t - 100.0  # noqa: E731
-    stages = [_stage("r0", "router", "e0", 1.0, 2.0, 0.5),
-              _stage("r1", "router", "e1", 3.0, 3.1, 0.02)]
+    stages = [_stage("r0", "router", "e0", 1.0, 2.0, 0.5, "r0/1/router"),
+              _stage("r1", "router", "e1", 3.0, 3.1, 0.02, "r1/1/router")]
     calls = [Call(101.1, 101.3, 101.8, 101.9, "e0", _request_id("r0/1/router")),
              Call(103.01, 103.02, 103.04, 103.05, "e1", _request_id("r1/1/router"))]
     got = bench.stage_parts(stages, calls, rel)
@@ -85,10 +85,25 @@ def test_a_stage_overhead_splits_into_the_driver_s_parts_and_the_call_s_legs() -
     assert sum(parts) == pytest.approx(slow["overhead"])
 
 
-def test_a_stage_with_two_calls_inside_it_on_its_engine_is_left_out_and_counted() -> None:
+def test_parallel_stages_of_a_request_on_one_engine_each_match_their_own_call() -> None:
+    # NOTE: two handlers of r0 on e0 whose spans nest: only the call id tells them apart
     rel = lambda t: t  # noqa: E731
-    stages = [_stage("r0", "handler", "e0", 0.0, 1.0, 0.1)]
-    calls = [Call(0.1, 0.2, 0.3, 0.4, "e0", _request_id("r0/1/handler")),
-             Call(0.2, 0.3, 0.4, 0.5, "e0", _request_id("r0/2/handler"))]
+    stages = [_stage("r0", "handler", "e0", 0.0, 1.0, 0.1, "r0/1/handler"),
+              _stage("r0", "handler", "e0", 0.05, 0.9, 0.1, "r0/2/handler")]
+    calls = [Call(0.2, 0.3, 0.4, 0.5, "e0", _request_id("r0/2/handler")),
+             Call(0.1, 0.2, 0.3, 0.4, "e0", _request_id("r0/1/handler"))]
     got = bench.stage_parts(stages, calls, rel)
-    assert got == {"stages": 0, "unmatched": 1}
+    assert got["stages"] == 2 and got["unmatched"] == 0
+    # NOTE: r0/1 had 0.1 s before its call, r0/2 0.15 s (matched by span, each would be both)
+    assert got["quantiles"]["the driver before the call"]["mean"] == pytest.approx(125.0)
+    assert got["quantiles"]["the driver after the call"]["mean"] == pytest.approx(500.0)
+
+
+def test_a_stage_whose_call_was_not_seen_or_was_seen_twice_is_left_out_and_counted() -> None:
+    rel = lambda t: t  # noqa: E731
+    stages = [_stage("r0", "handler", "e0", 0.0, 1.0, 0.1, "r0/1/handler"),
+              _stage("r1", "handler", "e0", 0.0, 1.0, 0.1, "r1/1/handler")]
+    calls = [Call(0.1, 0.2, 0.3, 0.4, "e0", _request_id("r0/1/handler")),
+             Call(0.5, 0.6, 0.7, 0.8, "e0", _request_id("r0/1/handler"))]
+    got = bench.stage_parts(stages, calls, rel)
+    assert got == {"stages": 0, "unmatched": 2}

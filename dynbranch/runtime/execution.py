@@ -153,6 +153,7 @@ class StageExecutor:
             output_digest=value_digest(output) if output is not None and not error else "",
             error=error)
         if result is not None:
+            row.call_id = result.request_id
             row.prompt_tokens, row.output_tokens = result.prompt_tokens, result.output_tokens
             row.cached_prompt_tokens = result.cached_prompt_tokens
             row.queued_s = result.first_scheduled_at - result.arrived_at

@@ -41,6 +41,7 @@ class StageRecord:
     end: float
     served_from: str = "exec"  # one of SERVED_FROM
     engine: str = ""  # engine id for llm stages, tool name for tool stages
+    call_id: str = ""  # executed llm stages: the engine call's request id (retries share it)
     speculative: bool = False
     fill: str = ""  # speculative stages: the fill (candidate) that ran them
     reusable: bool = False  # declared speculable and, for a tool call, read-only
