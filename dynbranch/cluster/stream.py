@@ -97,6 +97,11 @@ async def _read(reader: asyncio.StreamReader) -> Any:
 
 async def _send(writer: asyncio.StreamWriter, frame: bytes) -> None:
     writer.write(frame)
+    await _flush(writer)
+
+
+async def _flush(writer: asyncio.StreamWriter) -> None:
+    """Wait for the socket to drain when the write buffer holds more than :data:`_FLUSH_AT`."""
     if writer.transport.get_write_buffer_size() > _FLUSH_AT:
         await writer.drain()
 
@@ -256,8 +261,7 @@ class Lane:
         or :class:`LaneBroken`."""
         reply = self.send(method, arg)
         try:
-            if self._writer.transport.get_write_buffer_size() > _FLUSH_AT:
-                await self._writer.drain()
+            await _flush(self._writer)
             await reply
         except (ConnectionError, OSError) as e:
             raise LaneBroken(f"{type(e).__name__}: {e}") from None
