@@ -288,7 +288,7 @@ def run_replay(prepared: Prepared, backend: Backend | None = None, *,
         state = _RunState(keep_log=keep_log)
         # NOTE: writing the results stays inside the tuned collector: out of it, the first
         # allocations of the frames and files collected the whole heap the run had grown.
-        with _collector_for_replay():
+        with collector_for_replay():
             with Stopwatch() as wall:
                 clock.run(_replay(prepared, backend, state))
             if state.orch is None or state.stream is None:
@@ -310,9 +310,10 @@ GC_THRESHOLD = (20_000, 50, 1_000)
 
 
 @contextlib.contextmanager
-def _collector_for_replay():
+def collector_for_replay():
     """Freeze what exists before the run and collect cycles less often while it runs and
-    while its results are written.
+    while its results are written (also what a benchmark standing in for a replay's driver
+    runs under: ``scripts/bench_overhead.py``'s floors).
 
     NOTE: a replay allocates millions of short-lived acyclic objects (events, token lists,
     scores); at the default thresholds the cyclic collector ran 1,539 young and 12 full

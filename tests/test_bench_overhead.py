@@ -59,20 +59,29 @@ def test_the_lane_floor_sends_every_call_again_over_lanes_to_bare_actors() -> No
         assert 0.0 < leg["p50"] <= leg["p99"] < 5_000.0  # ms: one machine, real stamps
 
 
-def _stage(request_id: str, stage: str, engine: str, start: float, end: float,
-           engine_s: float, call_id: str) -> StageRecord:
+def _stage(call_id: str, engine: str, start: float, end: float, engine_s: float) -> StageRecord:
+    """The row of an LLM stage that made the call ``call_id`` (``request/n/stage``)."""
+    request_id, _n, stage = call_id.split("/")
     return StageRecord(request_id, stage, "llm", 0, None, start, end, engine=engine,
                        call_id=call_id, engine_s=engine_s)
 
 
+def _call(call_id: str, engine: str, *stamps: float) -> Call:
+    """A call's four stamps (start, arrived, finished, end), its engine and its id."""
+    return Call(*stamps, engine, _request_id(call_id))
+
+
+def _run_clock(t: float) -> float:
+    return t
+
+
 def test_a_stage_overhead_splits_into_the_driver_s_parts_and_the_call_s_legs() -> None:
     # NOTE: the run's clock starts at 100 s; stages are in run time, calls in clock time
-    rel = lambda t: t - 100.0  # noqa: E731
-    stages = [_stage("r0", "router", "e0", 1.0, 2.0, 0.5, "r0/1/router"),
-              _stage("r1", "router", "e1", 3.0, 3.1, 0.02, "r1/1/router")]
-    calls = [Call(101.1, 101.3, 101.8, 101.9, "e0", _request_id("r0/1/router")),
-             Call(103.01, 103.02, 103.04, 103.05, "e1", _request_id("r1/1/router"))]
-    got = bench.stage_parts(stages, calls, rel)
+    stages = [_stage("r0/1/router", "e0", 1.0, 2.0, 0.5),
+              _stage("r1/1/router", "e1", 3.0, 3.1, 0.02)]
+    calls = [_call("r0/1/router", "e0", 101.1, 101.3, 101.8, 101.9),
+             _call("r1/1/router", "e1", 103.01, 103.02, 103.04, 103.05)]
+    got = bench.stage_parts(stages, calls, lambda t: t - 100.0)
     assert got["stages"] == 2 and got["unmatched"] == 0
     q = got["quantiles"]
     # r0: 0.1 s of driver before, 0.2 to the engine, 0.1 back, 0.1 after: 0.5 s of overhead
@@ -87,12 +96,11 @@ def test_a_stage_overhead_splits_into_the_driver_s_parts_and_the_call_s_legs() -
 
 def test_parallel_stages_of_a_request_on_one_engine_each_match_their_own_call() -> None:
     # NOTE: two handlers of r0 on e0 whose spans nest: only the call id tells them apart
-    rel = lambda t: t  # noqa: E731
-    stages = [_stage("r0", "handler", "e0", 0.0, 1.0, 0.1, "r0/1/handler"),
-              _stage("r0", "handler", "e0", 0.05, 0.9, 0.1, "r0/2/handler")]
-    calls = [Call(0.2, 0.3, 0.4, 0.5, "e0", _request_id("r0/2/handler")),
-             Call(0.1, 0.2, 0.3, 0.4, "e0", _request_id("r0/1/handler"))]
-    got = bench.stage_parts(stages, calls, rel)
+    stages = [_stage("r0/1/handler", "e0", 0.0, 1.0, 0.1),
+              _stage("r0/2/handler", "e0", 0.05, 0.9, 0.1)]
+    calls = [_call("r0/2/handler", "e0", 0.2, 0.3, 0.4, 0.5),
+             _call("r0/1/handler", "e0", 0.1, 0.2, 0.3, 0.4)]
+    got = bench.stage_parts(stages, calls, _run_clock)
     assert got["stages"] == 2 and got["unmatched"] == 0
     # NOTE: r0/1 had 0.1 s before its call, r0/2 0.15 s (matched by span, each would be both)
     assert got["quantiles"]["the driver before the call"]["mean"] == pytest.approx(125.0)
@@ -100,10 +108,17 @@ def test_parallel_stages_of_a_request_on_one_engine_each_match_their_own_call() 
 
 
 def test_a_stage_whose_call_was_not_seen_or_was_seen_twice_is_left_out_and_counted() -> None:
-    rel = lambda t: t  # noqa: E731
-    stages = [_stage("r0", "handler", "e0", 0.0, 1.0, 0.1, "r0/1/handler"),
-              _stage("r1", "handler", "e0", 0.0, 1.0, 0.1, "r1/1/handler")]
-    calls = [Call(0.1, 0.2, 0.3, 0.4, "e0", _request_id("r0/1/handler")),
-             Call(0.5, 0.6, 0.7, 0.8, "e0", _request_id("r0/1/handler"))]
-    got = bench.stage_parts(stages, calls, rel)
-    assert got == {"stages": 0, "unmatched": 2}
+    stages = [_stage(f"r{i}/1/handler", "e0", 0.0, 1.0, 0.1) for i in range(2)]
+    calls = [_call("r0/1/handler", "e0", t, t + 0.1, t + 0.2, t + 0.3) for t in (0.1, 0.5)]
+    assert bench.stage_parts(stages, calls, _run_clock) == {"stages": 0, "unmatched": 2}
+
+
+def test_the_spread_over_runs_counts_the_runs_under_the_goal_and_pairs_each_with_its_own() -> None:
+    def q(p99: float) -> dict[str, float]:
+        return {"p50": p99 / 2, "p99": p99}
+
+    runs = [(q(1.0), q(2.4)), (q(0.5), q(1.5)), (q(1.0), q(2.0))]
+    line = bench.spread(runs)
+    assert "over 3 runs: least 1.500, median 2.000, most 2.400 ms" in line
+    assert "at most 2 ms in 2 of 3" in line
+    assert line.endswith("median ratio to the in-process p99 of the same run 2.4x")  # 2.4, 3, 2
