@@ -19,7 +19,7 @@ engine stamps its start and end on its clock, the actor's monotonic clock, which
 machine is the driver's: the legs are only meaningful for a local cluster.
 
 Each Ray LLM stage's overhead is also split into the parts it adds up from: the driver's own
-work before the engine call (the lookup, the replay text, placing the call on an engine), the
+work before the engine call (rendering it, the lookup, the replay text, placing the call), the
 call's two legs, and the driver's work after it (the stage's row, its record); and the mean of
 each part over the slowest 1 % of stages by overhead, which is what the tail is made of.
 
