@@ -88,7 +88,7 @@ class RayEngineClient(EngineClient):
         self._actor, self.engine_id = actor, engine_id
         self.health_timeout_s = health_timeout_s
         self.lane: Lane | None = None
-        self._lane_errors = functools.partial(decode_error, engine_id)
+        self._errors = functools.partial(decode_error, engine_id)  # a handler's error, typed
         self.laned = False  # whether this client wants a lane (reopened after a break)
         self.lane_counts = {"opened": 0, "broken": 0, "failed_to_open": 0, "lane_calls": 0,
                             "actor_calls": 0}
@@ -100,7 +100,7 @@ class RayEngineClient(EngineClient):
         self.laned = True
         try:
             lane = await open_lane(f"engine {self.engine_id}", self._actor.open_lane.remote,
-                                   self._lane_errors, timeout_s)
+                                   self._errors, timeout_s)
         except Exception:  # NOTE: a dead actor, a closed port, a timeout: actor calls remain
             self.lane_counts["failed_to_open"] += 1
             return False
@@ -127,11 +127,8 @@ class RayEngineClient(EngineClient):
 
     async def _on_lane(self, lane: Lane, method: str, arg, request_id: str):
         self.lane_counts["lane_calls"] += 1
-        try:
+        with _lane_errors(self.engine_id, request_id):
             return await lane.call(method, arg, request_id)
-        except LaneBroken as e:
-            # NOTE: like an actor call on a dead actor: the call did not finish there
-            raise EngineDied(self.engine_id, request_id, f"engine lane broke: {e}") from None
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         lane = self._open_lane()
@@ -147,16 +144,12 @@ class RayEngineClient(EngineClient):
         if lane is None:
             return None  # NOTE: an actor call is sent from a task, as it always was
         self.lane_counts["lane_calls"] += 1
-        try:
+        with _lane_errors(self.engine_id, request.request_id):
             return lane.send("generate", encode_request(request))
-        except LaneBroken as e:
-            raise EngineDied(self.engine_id, request.request_id, f"engine lane broke: {e}") from None
 
     def finish(self, started: asyncio.Future, request: GenerateRequest) -> GenerateResult:
-        try:
-            return decode_result(answer(started, self._lane_errors, request.request_id))
-        except LaneBroken as e:
-            raise EngineDied(self.engine_id, request.request_id, f"engine lane broke: {e}") from None
+        with _lane_errors(self.engine_id, request.request_id):
+            return decode_result(answer(started, self._errors, request.request_id))
 
     async def abort(self, request_id: str) -> bool:
         lane = self._open_lane()
@@ -212,6 +205,16 @@ def _engine_errors(engine_id: str, request_id: str) -> Iterator[None]:
         if isinstance(e.cause, Exception):
             raise e.cause from None
         raise
+
+
+@contextlib.contextmanager
+def _lane_errors(engine_id: str, request_id: str) -> Iterator[None]:
+    """A broken lane as ``EngineDied``: like an actor call on a dead actor, the call did not
+    finish there."""
+    try:
+        yield
+    except LaneBroken as e:
+        raise EngineDied(engine_id, request_id, f"engine lane broke: {e}") from None
 
 
 def _first_line(error: BaseException) -> str:
