@@ -292,3 +292,52 @@ def test_full_neither_prices_nor_fills_a_branch_whose_decision_c1_served():
     assert issued > 0  # the first entry had a window and filled
     assert stats["branches"] == 2 and stats["decided_first"] == 1
     assert orch.fills.counts["issued"] == issued  # the C1-served entry filled nothing
+
+
+def test_every_stage_row_begins_before_its_input_is_rendered(monkeypatch):
+    # NOTE: rendering is a stage's own work, canonical or a fill's: on the real clock a row
+    # that began after it would leave it out of the stage's time
+    import time
+
+    from dynbranch.clock import RealClock
+    from dynbranch.runtime.execution import RequestState
+
+    render, rendered = RequestState.render, []
+
+    def slow_render(self, *args, **kwargs):
+        began = time.monotonic()  # NOTE: the real clock's loop time
+        time.sleep(RENDER_S)
+        call = render(self, *args, **kwargs)
+        rendered.append((call.rendered.input_digest, began))
+        return call
+
+    RENDER_S = 0.004
+    monkeypatch.setattr(RequestState, "render", slow_render)
+    clock = RealClock()
+    backend = LocalBackend(clock, {"target": EngineSpec("sim", "qwen3-8b@rtx4090", 2)})
+
+    async def main():
+        await backend.start()
+        try:
+            run = RunContext(clock=clock, arm="full", models=backend.models(),
+                             fill=FillOptions(fanout=2, predictor="frequency"),
+                             gate=GateOptions(policy="topk", engines=2,
+                                              profile="qwen3-8b@rtx4090"),
+                             make_store=lambda: backend.make_store(1 << 26))
+            orch = Orchestrator(clock, backend.clients(), get_arm("full"), run=run)
+            orch.start_run()
+            await orch.run_request(ToyRequest(0), 0.0)
+            await orch.finish_run()
+            return orch
+        finally:
+            await backend.shutdown()
+
+    orch = clock.run(main())
+    rows = [s for s in orch.log.stages if s.served_from == "exec"]
+    assert {s.speculative for s in rows} == {False, True}  # canonical stages and a fill's
+    assert {s.kind for s in rows} >= {"llm", "tool"}
+    # each row began at most moments before a rendering of its stage, not after one
+    late = [(s.stage, s.speculative) for s in rows
+            if not any(digest == s.input_digest and 0 <= orch.rel(t) - s.start < RENDER_S / 2
+                       for digest, t in rendered)]
+    assert late == []

@@ -25,7 +25,9 @@ from dynbranch.runtime.execution import Lineage, RequestState, StageExecutor, re
 from dynbranch.runtime.stage import StageCall
 from dynbranch.workflow import BranchPoint
 
-Execute = Callable[[StageCall, str, FillStage], Awaitable[StageOutcome]]
+Execute = Callable[[StageCall, str, FillStage, float], Awaitable[StageOutcome]]
+"""Runs a claimed stage: the call, its reuse name, its trace, and when the stage began (its
+row's start)."""
 
 
 class FillContext:
@@ -39,10 +41,12 @@ class FillContext:
         self._lineage: Lineage = []  # the fill's own (reuse name, output)
 
     async def llm(self, stage: str, values: Mapping[str, Any]) -> str:
-        return await self._run(self._enter(stage, "llm", values), self._generate)
+        start = self._ex.rel()  # NOTE: before rendering and the claim, as a canonical stage's
+        return await self._run(self._enter(stage, "llm", values), self._generate, start)
 
     async def tool(self, stage: str, values: Mapping[str, Any]) -> Any:
-        return await self._run(self._enter(stage, "tool", values), self._call_tool)
+        start = self._ex.rel()
+        return await self._run(self._enter(stage, "tool", values), self._call_tool, start)
 
     async def human(self, stage: str, values: Mapping[str, Any], think_s: float) -> None:
         raise NotSpeculable(f"fill reached human stage {stage}")
@@ -62,7 +66,7 @@ class FillContext:
                 raise NotSpeculable(reason)
         return call
 
-    async def _run(self, call: StageCall, execute: Execute) -> Any:
+    async def _run(self, call: StageCall, execute: Execute, start_row: float) -> Any:
         spec = call.stage
         trace = FillStage(spec.name, spec.kind, spec.tool or "")
         self._fill.trace.append(trace)
@@ -75,7 +79,7 @@ class FillContext:
             clock = self._ex.clock
             start = clock.now()
             try:
-                outcome = await execute(call, slot.reuse_name, trace)
+                outcome = await execute(call, slot.reuse_name, trace, start_row)
             except BaseException:
                 trace.duration_s = clock.now() - start
                 await self._reuse.abandon(slot.claim)
@@ -86,10 +90,10 @@ class FillContext:
         remember(self._lineage, slot.reuse_name, value)
         return value
 
-    async def _generate(self, call: StageCall, name: str, trace: FillStage) -> StageOutcome:
+    async def _generate(self, call: StageCall, name: str, trace: FillStage,
+                        start: float) -> StageOutcome:
         fill = self._fill
         call_id = f"{self.request_id}/{fill.fill_id}/{len(fill.trace)}/{call.stage.name}"
-        start = self._ex.rel()
         client, result = await self._ex.generate(call, self._state.instance, call_id=call_id,
                                                  priority=SPECULATIVE)
         row = self._ex.row(call, start, seq=-1, coordinate=fill.coordinate,
@@ -100,9 +104,9 @@ class FillContext:
         trace.output_tokens = result.output_tokens
         return StageOutcome(result.text, {}, {}, client.engine_id, row.duration)
 
-    async def _call_tool(self, call: StageCall, name: str, trace: FillStage) -> StageOutcome:
+    async def _call_tool(self, call: StageCall, name: str, trace: FillStage,
+                         start: float) -> StageOutcome:
         tool = self._state.instance.tool(call.stage.tool)
-        start = self._ex.rel()
         result, measured = self._ex.call_tool(call, tool)
         await self._ex.charge(tool, measured)
         row = self._ex.row(call, start, seq=-1, coordinate=self._fill.coordinate,
