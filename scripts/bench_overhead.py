@@ -18,10 +18,18 @@ driver holding the result (the reply, the driver's event loop resuming the calle
 engine stamps its start and end on its clock, the actor's monotonic clock, which on one
 machine is the driver's: the legs are only meaningful for a local cluster.
 
-Each Ray LLM stage's overhead is also split into the parts it adds up from: the driver's own
-work before the engine call (rendering it, the lookup, the replay text, placing the call), the
-call's two legs, and the driver's work after it (the stage's row, its record); and the mean of
-each part over the slowest 1 % of stages by overhead, which is what the tail is made of.
+Part of the driver's work before an engine call is the replay oracle's: the text the
+simulated model answers with (the trace's decision, found from the rendered input, and the
+modelled reasoning before it). The driver computes it because only the workload knows the
+trace, but it is the model's share of the work, which a deployment on real engines does not
+have. So the overhead is also given less the oracle's work: what the control plane itself adds
+to a stage (rendering, the lookup, placing the call, the round trip, the row).
+
+Each Ray LLM stage's overhead is also split into the parts it adds up from: the replay oracle,
+the rest of the driver's work before the engine call (rendering it, the lookup, placing the
+call), the call's two legs, and the driver's work after it (the stage's row, its record); and
+the mean of each part over the slowest 1 % of stages by overhead, which is what the tail is
+made of.
 
 The Ray backend runs twice: with its engine lanes (the default: each engine call over one
 direct TCP stream per engine actor, :mod:`dynbranch.cluster.engine_lane`) and without them
@@ -39,7 +47,7 @@ this machine's floor for that transport and how much the engine and the orchestr
 
 One run's tail moves with what else this machine's 2 cores are doing; ``--again N`` adds N
 runs of the in-process and the lane paths, side by side, and the spread of the lanes' p99
-over all of them (the first run's included).
+over all of them (the first run's included), with and without the oracle's work.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ import contextlib
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -126,6 +134,53 @@ def timed_ray_calls() -> Iterator[list[Call]]:
             plain, plain_start, plain_finish)
 
 
+class _TimedOracle:
+    """A request instance whose replay oracle's work is timed: the seconds each engine call's
+    :meth:`replay_text` took go into ``spent`` under the call's id; the rest is the instance's.
+
+    NOTE: the rendered input's digest is taken first, outside the timer. The oracle seeds its
+    reasoning's length with it, but the stage's row logs it anyway (and C1's reuse name is
+    built on it): it is the driver's work, which the oracle, reading it first, would be charged.
+    """
+
+    def __init__(self, instance: Any, call_id: str, spent: dict[str, float]) -> None:
+        self._instance, self._call_id, self._spent = instance, call_id, spent
+
+    def replay_text(self, rendered: Any) -> str | None:
+        _ = rendered.input_digest
+        t0 = time.perf_counter()
+        try:
+            return self._instance.replay_text(rendered)
+        finally:
+            self._spent[self._call_id] = time.perf_counter() - t0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._instance, name)
+
+
+@contextlib.contextmanager
+def timed_oracle() -> Iterator[dict[str, float]]:
+    """Seconds of the replay oracle's work in each engine call made inside, by call id: the
+    text the simulated model answers with (the trace's decision, found from the rendered input,
+    and the modelled reasoning before it). The driver computes it, since only the workload
+    knows the trace, but it is the model's part of the work: a deployment on real engines has
+    none of it."""
+    from dynbranch.runtime.execution import StageExecutor
+
+    spent: dict[str, float] = {}
+    plain = StageExecutor.generate
+
+    async def generate(self, call, instance, *, call_id, **kw):
+        return await plain(self, call, _TimedOracle(instance, call_id, spent), call_id=call_id,
+                           **kw)
+
+    StageExecutor.generate = generate
+    try:
+        yield spent
+    finally:
+        StageExecutor.generate = plain
+
+
 ARMS = (("local", "local", True), ("ray", "ray", True), ("ray-actor-calls", "ray", False))
 """Each measured path: its label, the backend, and whether engine lanes are on."""
 
@@ -135,18 +190,20 @@ def measure(label: str, backend: str, lane: bool, requests: int, rate: float, ou
     cfg = ReplayConfig(workload="routing", arm="floor", engine="zero", backend=backend,
                        clock="real", requests=requests, rate=rate, workers=4, seed=1,
                        stream_lanes=lane, out=out / label, progress=False)
-    with timed_ray_calls() as calls:
+    with timed_ray_calls() as calls, timed_oracle() as spent:
         result = run_replay(prepare(cfg, progress=lambda _m: None))
     llm = [s for s in result.orchestrator.log.stages if s.kind == "llm"]
     whole = np.array([s.duration for s in llm]) * 1e3
     engine = np.array([s.engine_s for s in llm]) * 1e3
+    oracle = np.array([spent.get(s.call_id, 0.0) for s in llm]) * 1e3
     got = {"stages": len(llm), "failed": result.summary["failed"], "whole": _stats(whole),
-           "net": _stats(whole - engine), "engine": _stats(engine)}
+           "net": _stats(whole - engine), "engine": _stats(engine), "oracle": _stats(oracle),
+           "control": _stats(whole - engine - oracle)}
     if calls:
         stamps = np.array([(c.start, c.arrived, c.finished, c.end) for c in calls]) * 1e3
         got["legs"] = {name: _stats(stamps[:, b] - stamps[:, a]) for name, a, b in LEGS}
         got["queued"] = behind_engine_work(calls)
-        got["parts"] = stage_parts(llm, calls, result.orchestrator.rel)
+        got["parts"] = stage_parts(llm, calls, result.orchestrator.rel, spent)
         if floor:
             got["floor"] = lane_floor(calls) if lane else ray_floor(calls)
     return got
@@ -174,19 +231,21 @@ def behind_engine_work(calls: list[Call]) -> dict[str, Any]:
     return got
 
 
-PARTS = ("the driver before the call", "to the engine", "back to the caller",
-         "the driver after the call")
-"""What an LLM stage's overhead on Ray is made of (with the engine's own work, its duration)."""
+PARTS = ("the replay oracle", "the driver before the call", "to the engine",
+         "back to the caller", "the driver after the call")
+"""What an LLM stage's overhead on Ray is made of (with the engine's own work, its duration):
+the driver's work before the call, the replay oracle's apart from the rest."""
 SLOWEST = 0.01
 """The share of stages, slowest overhead first, whose parts are averaged apart."""
 
 
 def stage_parts(stages: list[Any], calls: list[Call], rel: Callable[[float], float],
-                ) -> dict[str, Any]:
+                oracle: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Each LLM stage's overhead split into its parts: the driver's own work from the stage's
-    start to the engine call (rendering it, looking it up, the replay text, placing it on an
-    engine), the two legs of the call, and the driver's work from holding the result to the
-    stage's end (its row, the record). They add up to the stage's duration less the engine's work.
+    start to the engine call (the replay oracle's text, seconds by call id in ``oracle``, and
+    the rest: rendering it, looking it up, placing it on an engine), the two legs of the call,
+    and the driver's work from holding the result to the stage's end (its row, the record).
+    They add up to the stage's duration less the engine's work.
 
     ``rel`` turns a clock time into the run's (the stages' times). A call is matched to the
     stage whose row names its call id (``call_id``) on the same engine; a stage with no such
@@ -203,16 +262,16 @@ def stage_parts(stages: list[Any], calls: list[Call], rel: Callable[[float], flo
         if len(mine) != 1:
             unmatched += 1
             continue
-        c = mine[0]
-        rows.append((rel(c.start) - s.start, c.arrived - c.start, c.end - c.finished,
-                     s.end - rel(c.end), s.duration - s.engine_s))
+        c, own = mine[0], (oracle or {}).get(s.call_id, 0.0)
+        rows.append((own, rel(c.start) - s.start - own, c.arrived - c.start,
+                     c.end - c.finished, s.end - rel(c.end), s.duration - s.engine_s))
     got: dict[str, Any] = {"stages": len(rows), "unmatched": unmatched}
     if not rows:
         return got
     a = np.array(rows) * 1e3
     got["quantiles"] = {name: _stats(a[:, i]) for i, name in enumerate(PARTS)}
-    slowest = a[np.argsort(a[:, 4])[-max(1, round(len(a) * SLOWEST)):]]
-    got["slowest"] = {"stages": len(slowest), "overhead": float(slowest[:, 4].mean()),
+    slowest = a[np.argsort(a[:, -1])[-max(1, round(len(a) * SLOWEST)):]]
+    got["slowest"] = {"stages": len(slowest), "overhead": float(slowest[:, -1].mean()),
                       **{name: float(slowest[:, i].mean()) for i, name in enumerate(PARTS)}}
     return got
 
@@ -335,6 +394,8 @@ def main() -> None:
             print(f"{label}: {r['stages']} LLM stages (failed requests: {r['failed']})")
             print("   " + _line("stage duration       ", r["whole"]))
             print("   " + _line("overhead (less engine)", r["net"]))
+            print("   " + _line("  of it, replay oracle", r["oracle"]))
+            print("   " + _line("  the rest: control   ", r["control"]))
             print("   " + _line("engine's own work    ", r["engine"]))
             for name, q in r.get("legs", {}).items():
                 print("   " + _line(f"call leg: {name:<18}", q))
@@ -360,21 +421,25 @@ def main() -> None:
                 print("   " + _line(f"{alone}: {name:<25}", q))
         local = got["local"]
         for path in ("ray", "ray-actor-calls"):
-            for part, label in (("whole", "stage duration"), ("net", "overhead less engine")):
+            for part, label in (("whole", "stage duration"), ("net", "overhead less engine"),
+                                ("control", "overhead less engine and oracle")):
                 print(f"ratio {path} / local, {label} (this run): " + ", ".join(
                     f"{q} {got[path][part][q] / local[part][q]:.1f}x" for q in QUANTILES))
         if args.again > 0:
-            pairs = []
+            runs = [(got["local"], got["ray"])]
             for i in range(args.again):
-                pair = tuple(measure(label, backend, True, args.requests, args.rate,
-                                     Path(tmp) / f"again-{i}")["net"]
-                             for label, backend in (("local", "local"), ("ray", "ray")))
-                pairs.append(pair)
+                local, ray = (measure(label, backend, True, args.requests, args.rate,
+                                      Path(tmp) / f"again-{i}")
+                              for label, backend in (("local", "local"), ("ray", "ray")))
+                runs.append((local, ray))
                 print(f"again {i + 1}/{args.again}: overhead p50 / p99, local "
-                      f"{pair[0]['p50']:.3f} / {pair[0]['p99']:.3f} ms, lanes "
-                      f"{pair[1]['p50']:.3f} / {pair[1]['p99']:.3f} ms "
-                      f"({pair[1]['p99'] / pair[0]['p99']:.1f}x at p99)")
-            print(spread([(got["local"]["net"], got["ray"]["net"]), *pairs]))
+                      f"{local['net']['p50']:.3f} / {local['net']['p99']:.3f} ms, lanes "
+                      f"{ray['net']['p50']:.3f} / {ray['net']['p99']:.3f} ms "
+                      f"({ray['net']['p99'] / local['net']['p99']:.1f}x at p99); less the "
+                      f"oracle, lanes {ray['control']['p50']:.3f} / "
+                      f"{ray['control']['p99']:.3f} ms")
+            for part, label in (("net", "overhead"), ("control", "overhead less the oracle")):
+                print(f"{label}: " + spread([(local[part], ray[part]) for local, ray in runs]))
 
 
 GOAL_MS = 2.0

@@ -81,17 +81,42 @@ def test_a_stage_overhead_splits_into_the_driver_s_parts_and_the_call_s_legs() -
               _stage("r1/1/router", "e1", 3.0, 3.1, 0.02)]
     calls = [_call("r0/1/router", "e0", 101.1, 101.3, 101.8, 101.9),
              _call("r1/1/router", "e1", 103.01, 103.02, 103.04, 103.05)]
-    got = bench.stage_parts(stages, calls, lambda t: t - 100.0)
+    oracle = {"r0/1/router": 0.04}  # NOTE: seconds of r0's replay text, in the driver's part
+    got = bench.stage_parts(stages, calls, lambda t: t - 100.0, oracle)
     assert got["stages"] == 2 and got["unmatched"] == 0
     q = got["quantiles"]
-    # r0: 0.1 s of driver before, 0.2 to the engine, 0.1 back, 0.1 after: 0.5 s of overhead
-    assert q["the driver before the call"]["p99"] == pytest.approx(100.0, rel=0.05)
+    # r0: 0.1 s of driver before (0.04 of it the oracle's), 0.2 to the engine, 0.1 back, 0.1
+    # after: 0.5 s of overhead
+    assert q["the driver before the call"]["p99"] == pytest.approx(60.0, rel=0.05)
+    assert q["the replay oracle"]["p99"] == pytest.approx(40.0, rel=0.05)
     assert q["to the engine"]["p99"] == pytest.approx(200.0, rel=0.1)
     slow = got["slowest"]
     assert slow["stages"] == 1 and slow["overhead"] == pytest.approx(500.0)
     parts = [slow[name] for name in bench.PARTS]
-    assert parts == pytest.approx([100.0, 200.0, 100.0, 100.0])
+    assert parts == pytest.approx([40.0, 60.0, 200.0, 100.0, 100.0])
     assert sum(parts) == pytest.approx(slow["overhead"])
+
+
+def test_the_oracle_is_timed_per_engine_call_and_the_rest_of_the_instance_is_its_own() -> None:
+    class Instance:
+        request_id = "r0"
+
+        def replay_text(self, rendered: Rendered) -> str:
+            time.sleep(0.002)
+            return rendered.text.upper()
+
+    class Rendered:
+        text = "go"
+
+        @property
+        def input_digest(self) -> str:
+            time.sleep(0.05)  # NOTE: the driver's work (the row logs it), not the oracle's
+            return "d"
+
+    spent: dict[str, float] = {}
+    timed = bench._TimedOracle(Instance(), "r0/1/router", spent)
+    assert timed.replay_text(Rendered()) == "GO" and timed.request_id == "r0"
+    assert set(spent) == {"r0/1/router"} and 0.002 <= spent["r0/1/router"] < 0.05
 
 
 def test_parallel_stages_of_a_request_on_one_engine_each_match_their_own_call() -> None:
