@@ -43,7 +43,7 @@ request encoded, framed, sent, read and decoded as an engine call's is, and noth
 on either side). The legs of an engine call read against them say how much of its cost is
 this machine's floor for that transport and how much the engine and the orchestrator add.
 
-    python scripts/bench_overhead.py [--requests 200] [--rate 20] [--again N]
+    python scripts/bench_overhead.py [--requests 200] [--rate 20] [--engines 4] [--again N]
 
 One run's tail moves with what else this machine's 2 cores are doing; ``--again N`` adds N
 runs of the in-process and the lane paths, side by side, and the spread of the lanes' p99
@@ -186,9 +186,9 @@ ARMS = (("local", "local", True), ("ray", "ray", True), ("ray-actor-calls", "ray
 
 
 def measure(label: str, backend: str, lane: bool, requests: int, rate: float, out: Path,
-            *, floor: bool = False) -> dict:
+            *, floor: bool = False, engines: int = 4) -> dict:
     cfg = ReplayConfig(workload="routing", arm="floor", engine="zero", backend=backend,
-                       clock="real", requests=requests, rate=rate, workers=4, seed=1,
+                       clock="real", requests=requests, rate=rate, workers=engines, seed=1,
                        stream_lanes=lane, out=out / label, progress=False)
     with timed_ray_calls() as calls, timed_oracle() as spent:
         result = run_replay(prepare(cfg, progress=lambda _m: None))
@@ -380,17 +380,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--rate", type=float, default=20.0)
+    ap.add_argument("--engines", type=int, default=4,
+                    help="zero engines (each its own actor on the Ray backend)")
     ap.add_argument("--again", type=int, default=0, metavar="N",
                     help="then N more runs of the in-process and the lane paths, side by side, "
                          "and the spread of their p99 (one run's tail moves with the machine)")
     args = ap.parse_args()
     if args.again < 0:
         ap.error(f"--again {args.again}: need 0 or more runs")
+    if args.engines < 1:
+        ap.error(f"--engines {args.engines}: need at least one")
     got = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, backend, lane in ARMS:
             r = got[label] = measure(label, backend, lane, args.requests, args.rate, Path(tmp),
-                                     floor=backend == "ray")
+                                     floor=backend == "ray", engines=args.engines)
             print(f"{label}: {r['stages']} LLM stages (failed requests: {r['failed']})")
             print("   " + _line("stage duration       ", r["whole"]))
             print("   " + _line("overhead (less engine)", r["net"]))
@@ -429,7 +433,7 @@ def main() -> None:
             runs = [(got["local"], got["ray"])]
             for i in range(args.again):
                 local, ray = (measure(label, backend, True, args.requests, args.rate,
-                                      Path(tmp) / f"again-{i}")
+                                      Path(tmp) / f"again-{i}", engines=args.engines)
                               for label, backend in (("local", "local"), ("ray", "ray")))
                 runs.append((local, ray))
                 print(f"again {i + 1}/{args.again}: overhead p50 / p99, local "
