@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from dynbranch.canonical import FrozenMap
 from dynbranch.cli import main
 from dynbranch.errors import (
     ChecksumError,
@@ -588,6 +589,20 @@ def test_fill_values_match_the_canonical_handler_input():
     )
     assert seen[first][END_OF_TURN] is None
     assert request.fill_values(first, "cd") is None  # the branch is closed now
+
+
+def test_a_call_s_result_is_one_frozen_value_in_the_conversation_and_the_handlers_calls():
+    # NOTE: so its canonical encoding, kept on it, is made once for every later stage input
+    request = by_record(fixture_requests("train"), "multi_turn_base_0")
+    ctx, _ = run(request)
+    results = [m["content"] for r in ctx.rendered if r.stage == "router"
+               for m in r.fields["conversation"] if m["role"] == "tool"]
+    entries = [c["result"] for r in ctx.rendered if r.stage == "handler"
+               for c in r.fields["calls"]]
+    assert results and entries
+    assert all(isinstance(v, FrozenMap) for v in results if isinstance(v, dict))
+    by_id = {id(v) for v in results}
+    assert all(id(v) in by_id for v in entries)  # the very objects, not equal copies
 
 
 # -- the bfcl tool ----------------------------------------------------------------------------
