@@ -262,8 +262,9 @@ def test_a_decision_that_begins_after_the_body_decided_sees_it_decided():
     assert hook.seen == [True, False]
 
 
-def test_full_neither_prices_nor_fills_a_branch_whose_decision_c1_served():
-    clock = VirtualClock()
+def _run_full(clock, body):
+    """``body(orch)`` on a ``full`` orchestrator over two sim engines (top-k gate, frequency
+    predictor, a 64 MiB store), then the run finished: what ``body`` returned, and ``orch``."""
     backend = LocalBackend(clock, {"target": EngineSpec("sim", "qwen3-8b@rtx4090", 2)})
 
     async def main():
@@ -276,15 +277,25 @@ def test_full_neither_prices_nor_fills_a_branch_whose_decision_c1_served():
                              make_store=lambda: backend.make_store(1 << 26))
             orch = Orchestrator(clock, backend.clients(), get_arm("full"), run=run)
             orch.start_run()
-            first = await orch.run_request(ToyRequest(0), 0.0)
-            issued = orch.fills.counts["issued"]
-            again = await orch.run_request(ToyRequest(0), clock.now())  # same input again
+            got = await body(orch)
             await orch.finish_run()
-            return first, issued, again, orch
+            return got, orch
         finally:
             await backend.shutdown()
 
-    first, issued, again, orch = clock.run(main())
+    return clock.run(main())
+
+
+def test_full_neither_prices_nor_fills_a_branch_whose_decision_c1_served():
+    clock = VirtualClock()
+
+    async def twice(orch):
+        first = await orch.run_request(ToyRequest(0), 0.0)
+        issued = orch.fills.counts["issued"]
+        again = await orch.run_request(ToyRequest(0), clock.now())  # same input again
+        return first, issued, again
+
+    (first, issued, again), orch = _run_full(clock, twice)
     assert first.status == again.status == "completed"
     plans = [s for s in orch.log.stages if s.stage == "plan" and not s.speculative]
     assert [s.served_from for s in plans] == ["exec", "cache"]
@@ -313,26 +324,7 @@ def test_every_stage_row_begins_before_its_input_is_rendered(monkeypatch):
 
     RENDER_S = 0.004
     monkeypatch.setattr(RequestState, "render", slow_render)
-    clock = RealClock()
-    backend = LocalBackend(clock, {"target": EngineSpec("sim", "qwen3-8b@rtx4090", 2)})
-
-    async def main():
-        await backend.start()
-        try:
-            run = RunContext(clock=clock, arm="full", models=backend.models(),
-                             fill=FillOptions(fanout=2, predictor="frequency"),
-                             gate=GateOptions(policy="topk", engines=2,
-                                              profile="qwen3-8b@rtx4090"),
-                             make_store=lambda: backend.make_store(1 << 26))
-            orch = Orchestrator(clock, backend.clients(), get_arm("full"), run=run)
-            orch.start_run()
-            await orch.run_request(ToyRequest(0), 0.0)
-            await orch.finish_run()
-            return orch
-        finally:
-            await backend.shutdown()
-
-    orch = clock.run(main())
+    _, orch = _run_full(RealClock(), lambda orch: orch.run_request(ToyRequest(0), 0.0))
     rows = [s for s in orch.log.stages if s.served_from == "exec"]
     assert {s.speculative for s in rows} == {False, True}  # canonical stages and a fill's
     assert {s.kind for s in rows} >= {"llm", "tool"}
