@@ -160,11 +160,8 @@ class _TimedOracle:
 
 @contextlib.contextmanager
 def timed_oracle() -> Iterator[dict[str, float]]:
-    """Seconds of the replay oracle's work in each engine call made inside, by call id: the
-    text the simulated model answers with (the trace's decision, found from the rendered input,
-    and the modelled reasoning before it). The driver computes it, since only the workload
-    knows the trace, but it is the model's part of the work: a deployment on real engines has
-    none of it."""
+    """Seconds of the replay oracle's work (see the module doc) in each engine call made
+    inside, by call id."""
     from dynbranch.runtime.execution import StageExecutor
 
     spent: dict[str, float] = {}
