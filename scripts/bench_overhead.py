@@ -29,7 +29,10 @@ Each Ray LLM stage's overhead is also split into the parts it adds up from: the 
 the rest of the driver's work before the engine call (rendering it, the lookup, placing the
 call), the call's two legs, and the driver's work after it (the stage's row, its record); and
 the mean of each part over the slowest 1 % of stages by overhead, which is what the tail is
-made of.
+made of. The driver runs every request on one event loop, one step at a time, so a stage
+also waits behind other requests' work: for those slowest stages, what the loop ran while
+each was open is split into its own task's steps, other tasks' steps and the cyclic
+collector's passes.
 
 The Ray backend runs twice: with its engine lanes (the default: each engine call over one
 direct TCP stream per engine actor, :mod:`dynbranch.cluster.engine_lane`) and without them
@@ -92,6 +95,8 @@ class Call(NamedTuple):
     end: float
     engine_id: str
     request: Any
+    task: int = 0
+    """``id`` of the driver's task that made the call (0: not known)."""
 
 
 @contextlib.contextmanager
@@ -109,20 +114,21 @@ def timed_ray_calls() -> Iterator[list[Call]]:
         t0 = time.monotonic()  # NOTE: the real clock's loop time, as the engine's
         result = await plain(self, request)
         calls.append(Call(t0, result.arrived_at, result.finished_at, time.monotonic(),
-                          self.engine_id, request))
+                          self.engine_id, request, id(asyncio.current_task())))
         return result
 
     def start(self, request):  # NOTE: a call over the lane, sent at once
         t0 = time.monotonic()
         future = plain_start(self, request)
         if future is not None:
-            started[id(future)] = t0
+            started[id(future)] = (t0, id(asyncio.current_task()))
         return future
 
     def finish(self, future, request):
         result = plain_finish(self, future, request)
-        calls.append(Call(started.pop(id(future)), result.arrived_at, result.finished_at,
-                          time.monotonic(), self.engine_id, request))
+        t0, task = started.pop(id(future))
+        calls.append(Call(t0, result.arrived_at, result.finished_at, time.monotonic(),
+                          self.engine_id, request, task))
         return result
 
     RayEngineClient.generate, RayEngineClient.start, RayEngineClient.finish = (
@@ -132,6 +138,111 @@ def timed_ray_calls() -> Iterator[list[Call]]:
     finally:
         RayEngineClient.generate, RayEngineClient.start, RayEngineClient.finish = (
             plain, plain_start, plain_finish)
+
+
+class Step(NamedTuple):
+    """One step of the driver's event loop that took at least :data:`LONG_STEP_S`: a
+    callback, which for a task is its run from one ``await`` to the next (monotonic clock)."""
+
+    start: float
+    end: float
+    task: int
+    """``id`` of the task whose step it was (0: a plain callback)."""
+
+
+LONG_STEP_S = 0.0001
+"""Loop steps shorter than this are not kept (most are: reading a reply, waking a task)."""
+
+
+@contextlib.contextmanager
+def timed_loop_steps() -> Iterator[tuple[list[Step], list[tuple[float, float]]]]:
+    """The steps of at least :data:`LONG_STEP_S` that event loops on this thread ran
+    inside (the replay's), and the cyclic collector's passes (start, end), on the monotonic
+    clock.
+
+    NOTE: the loop runs every callback through ``asyncio.events.Handle._run``, which is
+    wrapped here (CPython's pure-Python handles; a loop written in C, uvloop's, would not
+    be seen). A step costs two clock reads more, a few hundred nanoseconds.
+    """
+    import gc
+    import threading
+    from asyncio import events
+
+    steps: list[Step] = []
+    collections: list[tuple[float, float]] = []
+    plain = events.Handle._run
+    mine = threading.get_ident()
+    began: list[float] = []
+
+    def run(handle: events.Handle) -> None:
+        t0 = time.monotonic()
+        plain(handle)
+        t1 = time.monotonic()
+        if t1 - t0 >= LONG_STEP_S and threading.get_ident() == mine:
+            owner = getattr(handle._callback, "__self__", None)
+            steps.append(Step(t0, t1, id(owner) if isinstance(owner, asyncio.Task) else 0))
+
+    def collected(phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            began.append(time.monotonic())
+        elif began:
+            collections.append((began.pop(), time.monotonic()))
+
+    events.Handle._run = run  # type: ignore[method-assign]
+    gc.callbacks.append(collected)
+    try:
+        yield steps, collections
+    finally:
+        events.Handle._run = plain  # type: ignore[method-assign]
+        gc.callbacks.remove(collected)
+
+
+def tail_causes(stages: list[Any], calls: list[Call], steps: list[Step],
+                collections: list[tuple[float, float]],
+                rel: Callable[[float], float]) -> dict[str, Any]:
+    """What the driver's event loop ran while the slowest :data:`SLOWEST` of the LLM stages
+    (by overhead) were open, each from its start to its end, on average per stage, in ms:
+    its own task's long steps (its own work before and after the call, and what else that
+    task ran), other tasks' long steps (another stage's rendering, a request's start or end:
+    work that a stage's start or its reply waited behind, as one loop runs one step at a
+    time), and the cyclic collector's passes (which run inside steps, so they are part of
+    the first two). A stage is matched to its call by the call id, as in
+    :func:`stage_parts`; one made by no known task is left out."""
+    by_call = {(c.request.request_id, c.engine_id): c for c in calls}
+    rows = []
+    for s in stages:
+        c = by_call.get((s.call_id, s.engine))
+        if c is None or not c.task:
+            continue
+        rows.append((s.duration - s.engine_s, s.start, s.end, c.task))
+    got: dict[str, Any] = {"stages": len(rows)}
+    if not rows:
+        return got
+    rows.sort(key=lambda r: r[0])
+    slowest = rows[-max(1, round(len(rows) * SLOWEST)):]
+    spans = [(rel(a), rel(b), task) for a, b, task in steps]
+    passes = [(rel(a), rel(b)) for a, b in collections]
+
+    def inside(a: float, b: float, start: float, end: float) -> float:
+        return max(0.0, min(b, end) - max(a, start))
+
+    own = other = collected = 0.0
+    touched = 0
+    for _overhead, start, end, task in slowest:
+        for a, b, t in spans:
+            if t == task:
+                own += inside(a, b, start, end)
+            else:
+                other += inside(a, b, start, end)
+        gc_s = sum(inside(a, b, start, end) for a, b in passes)
+        collected += gc_s
+        touched += gc_s > 0
+    n = len(slowest)
+    got.update({"slowest": n, "overhead": 1e3 * sum(r[0] for r in slowest) / n,
+                "own task": 1e3 * own / n, "other tasks": 1e3 * other / n,
+                "collector": 1e3 * collected / n, "overlapping a collection": touched,
+                "collections": len(passes)})
+    return got
 
 
 class _TimedOracle:
@@ -187,8 +298,10 @@ def measure(label: str, backend: str, lane: bool, requests: int, rate: float, ou
     cfg = ReplayConfig(workload="routing", arm="floor", engine="zero", backend=backend,
                        clock="real", requests=requests, rate=rate, workers=engines, seed=1,
                        stream_lanes=lane, out=out / label, progress=False)
-    with timed_ray_calls() as calls, timed_oracle() as spent:
-        result = run_replay(prepare(cfg, progress=lambda _m: None))
+    prepared = prepare(cfg, progress=lambda _m: None)
+    with timed_ray_calls() as calls, timed_oracle() as spent, \
+            timed_loop_steps() as (steps, collections):
+        result = run_replay(prepared)
     llm = [s for s in result.orchestrator.log.stages if s.kind == "llm"]
     whole = np.array([s.duration for s in llm]) * 1e3
     engine = np.array([s.engine_s for s in llm]) * 1e3
@@ -201,6 +314,7 @@ def measure(label: str, backend: str, lane: bool, requests: int, rate: float, ou
         got["legs"] = {name: _stats(stamps[:, b] - stamps[:, a]) for name, a, b in LEGS}
         got["queued"] = behind_engine_work(calls)
         got["parts"] = stage_parts(llm, calls, result.orchestrator.rel, spent)
+        got["loop"] = tail_causes(llm, calls, steps, collections, result.orchestrator.rel)
         if floor:
             got["floor"] = lane_floor(calls) if lane else ray_floor(calls)
     return got
@@ -417,6 +531,15 @@ def main() -> None:
                 print(f"   the slowest {slow['stages']} stages by overhead ({slow['overhead']:.3f} ms "
                       "on average), their parts on average: " + ", ".join(
                           f"{name} {slow[name]:.3f} ms" for name in PARTS))
+            loop = r.get("loop")
+            if loop and "slowest" in loop:
+                print(f"   while each of the slowest {loop['slowest']} stages was open, the "
+                      f"driver's loop ran on average {loop['own task']:.3f} ms of its own "
+                      f"task's steps and {loop['other tasks']:.3f} ms of other tasks' steps "
+                      f"(steps of {LONG_STEP_S * 1e3:g} ms or more; its overhead "
+                      f"{loop['overhead']:.3f} ms); cyclic collection inside them "
+                      f"{loop['collector']:.3f} ms ({loop['overlapping a collection']} of "
+                      f"these stages overlapped one of the run's {loop['collections']})")
             for name, q in r.get("floor", {}).items():
                 alone = "a lane alone" if lane else "Ray alone"
                 print("   " + _line(f"{alone}: {name:<25}", q))

@@ -147,3 +147,52 @@ def test_the_spread_over_runs_counts_the_runs_under_the_goal_and_pairs_each_with
     assert "over 3 runs: least 1.500, median 2.000, most 2.400 ms" in line
     assert "at most 2 ms in 2 of 3" in line
     assert line.endswith("median ratio to the in-process p99 of the same run 2.4x")  # 2.4, 3, 2
+
+
+def test_the_slowest_stage_s_window_is_split_into_its_own_task_s_steps_others_and_gc() -> None:
+    # NOTE: run time is clock time less 100 s; r1 is the slowest stage (0.5 s of overhead)
+    stages = [_stage("r0/1/router", "e0", 1.0, 1.2, 0.1),
+              _stage("r1/1/router", "e1", 2.0, 3.0, 0.5)]
+    calls = [Call(101.05, 0, 0, 101.15, "e0", _request_id("r0/1/router"), 7),
+             Call(102.1, 0, 0, 102.9, "e1", _request_id("r1/1/router"), 9)]
+    steps = [bench.Step(102.0, 102.1, 9),    # r1's own work before its call
+             bench.Step(102.5, 102.7, 7),    # another task's step while r1 waited
+             bench.Step(102.95, 103.2, 9),   # r1's row, half of it after the stage ended
+             bench.Step(101.0, 101.05, 7)]   # r0's, before r1 opened
+    collections = [(102.55, 102.6), (104.0, 104.1)]
+    got = bench.tail_causes(stages, calls, steps, collections, lambda t: t - 100.0)
+    assert got["stages"] == 2 and got["slowest"] == 1
+    assert got["overhead"] == pytest.approx(500.0)
+    assert got["own task"] == pytest.approx(150.0)     # ms: 0.1 + 0.05 inside [2, 3]
+    assert got["other tasks"] == pytest.approx(200.0)
+    assert got["collector"] == pytest.approx(50.0)
+    assert got["overlapping a collection"] == 1 and got["collections"] == 2
+
+
+def test_a_call_made_by_no_known_task_is_left_out_of_the_loop_split() -> None:
+    stages = [_stage("r0/1/router", "e0", 1.0, 1.2, 0.1)]
+    calls = [Call(1.05, 0, 0, 1.15, "e0", _request_id("r0/1/router"))]  # task unknown: 0
+    assert bench.tail_causes(stages, calls, [], [], _run_clock) == {"stages": 0}
+
+
+def test_the_loop_s_long_steps_are_kept_with_their_task_and_gc_passes_are_timed() -> None:
+    import asyncio
+    import gc
+
+    async def slow() -> int:
+        await asyncio.sleep(0)
+        time.sleep(0.01)  # NOTE: a step of 10 ms, between two awaits
+        await asyncio.sleep(0)
+        return id(asyncio.current_task())
+
+    async def main() -> int:
+        return await asyncio.create_task(slow())
+
+    plain = asyncio.events.Handle._run
+    with bench.timed_loop_steps() as (steps, collections):
+        task = asyncio.run(main())
+        gc.collect()
+    assert asyncio.events.Handle._run is plain  # NOTE: the loop is left as it was
+    long = [s for s in steps if s.end - s.start >= 0.009]
+    assert [s.task for s in long] == [task]
+    assert collections and all(b >= a for a, b in collections)
