@@ -112,3 +112,21 @@ def test_without_a_gpu_it_says_so() -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     assert check.main(["--device", "cuda"]) == 2
+
+
+def test_it_runs_without_ray_or_vllm_which_the_gpu_machines_lack(tmp_path: Path) -> None:
+    # NOTE: the GPU machines it is meant for hold PyTorch, NumPy and tqdm but neither Ray nor
+    # vLLM, and fetch nothing: a fresh interpreter where importing either fails must run it.
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_profile_check.py"
+    code = ("import runpy, sys\n"
+            "sys.modules['ray'] = sys.modules['vllm'] = None\n"
+            f"sys.argv = [{str(script)!r}, '--device', 'cpu', '--tiny', '--out', "
+            f"{str(tmp_path)!r}]\n"
+            f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "gpu_profile_check.json").is_file()
