@@ -110,7 +110,7 @@ class Orchestrator:
             await self._clean_up(instance.request_id)
         origin = ctx.last_human_end if instance.latency_origin == "last_human" else None
         return RequestRecord(
-            request_id=instance.request_id, arrival=scheduled, start=at, end=self.rel(),
+            request_id=instance.request_id, arrival=scheduled, start=at,
             measured_from=origin, stages=ctx.stages_run, prompt_tokens=ctx.prompt_tokens,
             output_tokens=ctx.output_tokens, tenant=ctx.tenant, **outcome)
 
@@ -131,26 +131,37 @@ class Orchestrator:
     async def _scored(self, instance: RequestInstance, run: Callable[[], Any],
                       until: float | None = None, budget_s: float | None = None) -> dict:
         """Run the request's program (cancelled at clock time ``until``, if given) and
-        score its outcome: the record's fate fields."""
+        score its outcome: the record's fate fields and its ``end``.
+
+        NOTE: a request ends when its program returns or fails: that is when its user has
+        the answer. Scoring it against the data set's ground truth (up to a few ms of CPU for
+        a long multi-turn record) and ending its speculation come after, and on the real
+        clock they used to be counted in its latency.
+        """
         deadline = (asyncio.timeout_at(until) if until is not None
                     else contextlib.nullcontext())
+        end = None
         try:
-            async with deadline:
-                value = await run()
-            correct = float(instance.score(value))
+            try:
+                async with deadline:
+                    value = await run()
+            finally:
+                end = self.rel()
+            fate: dict = {"status": "completed", "correct": float(instance.score(value))}
         except DynBranchError as e:
-            return {"status": "failed", "error_type": type(e).__name__, "error": str(e)}
+            fate = {"status": "failed", "error_type": type(e).__name__, "error": str(e)}
         except TimeoutError as e:
             if until is not None and deadline.expired():
                 late = DeadlineExceeded(instance.request_id, budget_s or 0.0)
-                return {"status": "deadline", "error_type": type(late).__name__,
+                fate = {"status": "deadline", "error_type": type(late).__name__,
                         "error": str(late)}
-            return {"status": "failed", "error_type": type(e).__name__,
-                    "error": f"unexpected: {e!r}"}
+            else:
+                fate = {"status": "failed", "error_type": type(e).__name__,
+                        "error": f"unexpected: {e!r}"}
         except Exception as e:  # a workload bug must fail its request, not the run
-            return {"status": "failed", "error_type": type(e).__name__,
+            fate = {"status": "failed", "error_type": type(e).__name__,
                     "error": f"unexpected: {e!r}"}
-        return {"status": "completed", "correct": correct}
+        return {"end": end, **fate}
 
     def _request_record(self, instance: RequestInstance, scheduled: float, at: float,
                         outcome: Callable[[], Any], *, stages: int) -> RequestRecord:

@@ -333,3 +333,28 @@ def test_every_stage_row_begins_before_its_input_is_rendered(monkeypatch):
             if not any(digest == s.input_digest and 0 <= orch.rel(t) - s.start < RENDER_S / 2
                        for digest, t in rendered)]
     assert late == []
+
+
+def test_a_request_ends_when_its_program_returns_not_after_scoring_it():
+    # NOTE: the user has the answer when the program returns; scoring it against the data
+    # set's ground truth (slow here) and ending its speculation are the harness's and the
+    # system's own work after that, and on the real clock they were counted in its latency
+    import time
+
+    from dynbranch.clock import RealClock
+
+    class SlowToScore(ToyRequest):
+        def score(self, outcome):
+            time.sleep(SCORE_S)
+            return super().score(outcome)
+
+    async def one(orch):
+        record = await orch.run_request(SlowToScore(0), 0.0)
+        return record, orch.rel()
+
+    SCORE_S = 0.05
+    (record, returned), orch = _run_full(RealClock(), one)
+    assert record.status == "completed" and record.correct == 1.0
+    last = max(s.end for s in orch.log.stages if not s.speculative)
+    assert 0.0 <= record.end - last < SCORE_S / 2
+    assert returned - record.end >= SCORE_S  # the scoring did run, after the end
