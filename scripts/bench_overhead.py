@@ -206,7 +206,8 @@ def tail_causes(stages: list[Any], calls: list[Call], steps: list[Step],
     task ran), other tasks' long steps (another stage's rendering, a request's start or end:
     work that a stage's start or its reply waited behind, as one loop runs one step at a
     time), and the cyclic collector's passes (which run inside steps, so they are part of
-    the first two). A stage is matched to its call by the call id, as in
+    the first two; ``collections`` counts those from the first stage's start to the last
+    one's end). A stage is matched to its call by the call id, as in
     :func:`stage_parts`; one made by no known task is left out."""
     by_call = {(c.request.request_id, c.engine_id): c for c in calls}
     rows = []
@@ -221,7 +222,10 @@ def tail_causes(stages: list[Any], calls: list[Call], steps: list[Step],
     rows.sort(key=lambda r: r[0])
     slowest = rows[-max(1, round(len(rows) * SLOWEST)):]
     spans = [(rel(a), rel(b), task) for a, b, task in steps]
-    passes = [(rel(a), rel(b)) for a, b in collections]
+    first, last = min(r[1] for r in rows), max(r[2] for r in rows)
+    # NOTE: those while stages ran; most of a run's come after, while its results are written
+    passes = [(a, b) for a, b in ((rel(a), rel(b)) for a, b in collections)
+              if b > first and a < last]
 
     def inside(a: float, b: float, start: float, end: float) -> float:
         return max(0.0, min(b, end) - max(a, start))
@@ -539,7 +543,8 @@ def main() -> None:
                       f"(steps of {LONG_STEP_S * 1e3:g} ms or more; its overhead "
                       f"{loop['overhead']:.3f} ms); cyclic collection inside them "
                       f"{loop['collector']:.3f} ms ({loop['overlapping a collection']} of "
-                      f"these stages overlapped one of the run's {loop['collections']})")
+                      f"these stages overlapped one of the {loop['collections']} while "
+                      "stages ran)")
             for name, q in r.get("floor", {}).items():
                 alone = "a lane alone" if lane else "Ray alone"
                 print("   " + _line(f"{alone}: {name:<25}", q))
