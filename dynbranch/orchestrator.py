@@ -140,7 +140,6 @@ class Orchestrator:
         """
         deadline = (asyncio.timeout_at(until) if until is not None
                     else contextlib.nullcontext())
-        end = None
         try:
             try:
                 async with deadline:
