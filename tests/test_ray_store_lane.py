@@ -83,3 +83,36 @@ def test_lookups_over_the_lanes_answer_as_actor_calls(local_ray):
     assert by_lane[5].record is not None and by_lane[2].record is None
     assert call_counts["stream_lookups"] == 0
     assert lane_counts["stream_lookups"] == 11 and lane_counts["stream_broken"] == 0
+
+
+def test_a_lookup_batch_a_stalled_shard_does_not_answer_times_out_and_drops_the_lane():
+    # NOTE: no cluster: a lane to a listener whose shard never answers, on this loop
+    from dynbranch.cluster.shard_set import ShardRetry, _Failure
+    from dynbranch.cluster.stream import Lane, LaneServer
+
+    stalled = asyncio.Event()
+
+    async def never(_method, _arg):
+        await stalled.wait()
+
+    async def main():
+        server = LaneServer(never)
+        host, port = await server.start("127.0.0.1")
+        server.allow(b"t" * 16)
+        lane = await Lane.connect("shard 0", host, port, b"t" * 16,
+                                  lambda _r, row: RuntimeError(row["message"]))
+        shards = ShardSet([object()], ShardRetry(lookup_timeout_s=0.2), stream=True)
+        shards._lanes[0] = lane
+        loop = asyncio.get_running_loop()
+        t = loop.time()
+        try:
+            got = await shards._on_lane(0, lane, "lookup", ("name", b"key", 0.0, True))
+        finally:
+            stalled.set()
+            server.close()
+        return got, loop.time() - t, lane.broken, dict(shards.counts), shards._lanes
+
+    got, took, broken, counts, lanes = asyncio.run(main())
+    assert isinstance(got, _Failure) and "TimeoutError" in got.why
+    assert 0.15 < took < 2.0 and broken == "closed" and not lanes
+    assert counts["stream_broken"] == 1

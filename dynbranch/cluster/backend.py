@@ -163,8 +163,8 @@ class RayEngineClient(EngineClient):
         lane = self._open_lane()
         try:
             if lane is not None:
-                return decode_load(await asyncio.wait_for(
-                    self._on_lane(lane, "load", None, "load"), self.health_timeout_s))
+                async with asyncio.timeout(self.health_timeout_s):  # NOTE: not a task of its own
+                    return decode_load(await self._on_lane(lane, "load", None, "load"))
             self.lane_counts["actor_calls"] += 1
             with _engine_errors(self.engine_id, "load"):
                 return await asyncio.wait_for(self._actor.load.remote(),

@@ -250,8 +250,10 @@ class ShardSet:
         actor call's (the lane is dropped; the next batch goes as an actor call)."""
         queries = [list(args)] if method == "lookup" else [list(q) for q in args[0]]
         try:
-            rows = await asyncio.wait_for(lane.call("lookup_many", queries),
-                                          self.retry.lookup_timeout_s)
+            # NOTE: a timeout on this task, not wait_for (a task of its own: three turns of
+            # the loop more, see GateClient._call)
+            async with asyncio.timeout(self.retry.lookup_timeout_s):
+                rows = await lane.call("lookup_many", queries)
         except ShardNotSynced:
             return _Failure("restarted", unsynced=True)
         except (LaneBroken, TimeoutError) as e:

@@ -294,8 +294,10 @@ class RayGateClient(GateClient):
             stream = self._stream
         if stream is not None and fits_lane(method, args):
             try:
-                reply = await asyncio.wait_for(stream.call(method, journal_args(method, args)),
-                                               self.retry.call_timeout_s)
+                # NOTE: a timeout on this task, not wait_for: wait_for runs the call as a task
+                # of its own, which sends a turn of the loop late and answers two turns late
+                async with asyncio.timeout(self.retry.call_timeout_s):
+                    reply = await stream.call(method, journal_args(method, args))
                 self.counts["stream_calls"] += 1
                 return _stream_reply(method, reply)
             except Unsendable:
