@@ -12,6 +12,11 @@ With the loop idle the round trip is the transport alone. With N others of S µs
 turn costs about N × S µs more, so ``(busy - idle) / (N × S)`` is the number of turns of
 other work each call waited. It prints both round trips (p50 / p90 / p99) and that estimate.
 
+The busy loop's calls are made three ways, as callers with a deadline make them: awaited
+directly, under ``asyncio.timeout`` (a deadline on the caller's own task) and under
+``asyncio.wait_for`` (which runs the call as a task of its own: it is sent a turn late, and
+its answer reaches the caller two turns late).
+
     python scripts/bench_lane_turns.py [--calls 2000] [--others 4] [--step-us 100]
         [--stream PATH]
 
@@ -71,8 +76,11 @@ def _spin(us: float) -> None:
         pass
 
 
+WAYS = ("directly", "under asyncio.timeout", "under asyncio.wait_for")
+
+
 async def _calls(stream: ModuleType, address: tuple[str, int], calls: int, others: int,
-                 step_us: float, payload: int) -> np.ndarray:
+                 step_us: float, payload: int, way: str = WAYS[0]) -> np.ndarray:
     lane = await stream.Lane.connect("echo", *address, TOKEN,
                                      lambda _rid, row: RuntimeError(row))
     running = True
@@ -88,7 +96,13 @@ async def _calls(stream: ModuleType, address: tuple[str, int], calls: int, other
     try:
         for _ in range(calls):
             t = time.perf_counter()
-            await lane.call("echo", arg)
+            if way == WAYS[0]:
+                await lane.call("echo", arg)
+            elif way == WAYS[1]:
+                async with asyncio.timeout(10.0):
+                    await lane.call("echo", arg)
+            else:
+                await asyncio.wait_for(lane.call("echo", arg), 10.0)
             took.append(time.perf_counter() - t)
             await asyncio.sleep(0.0005)  # NOTE: one call at a time, as a stage's own
     finally:
@@ -120,19 +134,21 @@ def main() -> None:
     try:
         host, port = address.get(timeout=30)
         idle = asyncio.run(_calls(stream, (host, port), args.calls, 0, 0.0, args.payload))
-        busy = asyncio.run(_calls(stream, (host, port), args.calls, args.others,
-                                  args.step_us, args.payload))
+        busy = {way: asyncio.run(_calls(stream, (host, port), args.calls, args.others,
+                                        args.step_us, args.payload, way)) for way in WAYS}
     finally:
         server.terminate()
     turn_ms = args.others * args.step_us / 1e3
     print(f"lane round trips of {args.calls} calls, {args.payload}-character argument, "
-          f"{args.stream or 'this tree'}:")
-    print("  " + _line("caller's loop idle", idle))
-    print("  " + _line(f"{args.others} other tasks of {args.step_us:g} us per turn", busy))
-    for q in (50, 90):
-        waited = (np.percentile(busy, q) - np.percentile(idle, q)) / turn_ms
-        print(f"  turns of other work waited per call, at p{q}: {waited:.2f} "
-              f"(a turn costs about {turn_ms:.3f} ms here)")
+          f"{args.stream or 'this tree'}; with {args.others} other tasks of "
+          f"{args.step_us:g} us per turn on the caller's loop, a turn costs about "
+          f"{turn_ms:.3f} ms more:")
+    print("  " + _line("caller's loop idle, called directly", idle))
+    for way, ms in busy.items():
+        waited = [(np.percentile(ms, q) - np.percentile(idle, q)) / turn_ms for q in (50, 90)]
+        print("  " + _line(f"caller's loop busy, called {way}", ms)
+              + f"; turns of other work waited per call {waited[0]:.2f} at p50, "
+              f"{waited[1]:.2f} at p90")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """scripts/bench_lane_turns.py runs end to end: an echo actor in another process, lane calls
-with the caller's loop idle and busy, and the turns estimate (no timing is asserted)."""
+with the caller's loop idle and busy (made three ways), and the turns estimate (no timing is
+asserted)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,12 @@ def test_it_measures_both_loops_and_estimates_the_turns_waited(tmp_path):
         assert done.returncode == 0, done.stderr
         out = done.stdout
         assert ("this tree" in out) == (not extra)
-        assert "caller's loop idle: p50" in out and "2 other tasks of 50 us per turn" in out
-        turns = re.findall(r"at p(50|90): (-?\d+\.\d+)", out)
-        assert [q for q, _ in turns] == ["50", "90"]
+        assert "caller's loop idle, called directly: p50" in out
+        assert "2 other tasks of 50 us per turn" in out
+        busy = re.findall(r"loop busy, called (.+): p50 .* per call (-?\d+\.\d+) at p50, "
+                          r"(-?\d+\.\d+) at p90", out)
+        assert [way for way, *_ in busy] == ["directly", "under asyncio.timeout",
+                                             "under asyncio.wait_for"]
 
 
 def test_bad_arguments_stop_with_a_usage_line():
