@@ -116,3 +116,9 @@ def test_a_lookup_batch_a_stalled_shard_does_not_answer_times_out_and_drops_the_
     assert isinstance(got, _Failure) and "TimeoutError" in got.why
     assert 0.15 < took < 2.0 and broken == "closed" and not lanes
     assert counts["stream_broken"] == 1
+
+
+def test_only_reads_are_awaited_in_the_callers_task():
+    shards = ShardSet([object()])
+    with pytest.raises(ValueError, match="not a read"):
+        asyncio.run(shards.handles[0].read_now("put", "record"))

@@ -406,6 +406,15 @@ class ShardHandle:
             raise AttributeError(method)
         return _Method(self._shards, self.index, method)
 
+    async def read_now(self, method: str, *args: Any) -> Any:
+        """A read (:data:`_READS`) awaited in the caller's own task: sent, on a lane, in the
+        caller's step, and its answer read in the caller's next one. NOTE: ``remote`` starts
+        a task, which sends a turn of the event loop late and answers a turn late; a caller
+        that awaits at once has no use for that."""
+        if method not in _READS:
+            raise ValueError(f"{method!r} is not a read; call it with remote()")
+        return await self._shards.call(self.index, method, args)
+
 
 class _Method:
     def __init__(self, shards: ShardSet, index: int, method: str) -> None:

@@ -459,9 +459,16 @@ class RayStoreClient(StoreClient):
 
     async def _send_lookups(self, shard: int, queries: Sequence[tuple]) -> list[Any]:
         """One batch of lookups to ``shard``: a plain ``lookup`` when it is alone."""
+        from dynbranch.cluster.shard_set import ShardHandle  # NOTE: it imports this module
+
+        handle = self._shards[shard]
+        if isinstance(handle, ShardHandle):  # NOTE: in this task, not one of its own
+            if len(queries) == 1:
+                return [await handle.read_now("lookup", *queries[0])]
+            return await handle.read_now("lookup_many", list(queries))
         if len(queries) == 1:
-            return [await self._shards[shard].lookup.remote(*queries[0])]
-        return await self._shards[shard].lookup_many.remote(list(queries))
+            return [await handle.lookup.remote(*queries[0])]
+        return await handle.lookup_many.remote(list(queries))
 
     def _global_id(self, shard: int, local_id: int) -> int:
         return local_id * len(self._shards) + shard
