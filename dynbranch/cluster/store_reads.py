@@ -119,6 +119,7 @@ class LookupBatcher:
     def __init__(self, send: Callable[[int, Sequence[tuple]], Any]) -> None:
         self._send = send
         self._open: dict[int, _Batch] = {}
+        self._running: set[asyncio.Task] = set()
         self.counts = {"calls": 0, "lookups": 0}
 
     async def lookup(
@@ -129,31 +130,45 @@ class LookupBatcher:
         batch = self._open.get(shard)
         if batch is None:
             batch = self._open[shard] = _Batch()
-            # NOTE: call_soon runs after every callback already scheduled in this turn, so
-            # the stages of a gather (started together) all join before it is sent.
-            loop.call_soon(self._flush, shard)
+            # NOTE: the batch's task takes its first step in the next turn, after every
+            # callback already scheduled in this one, so the stages of a gather (started
+            # together) all join before it is sent; it sends in that step and hands the
+            # answers over in its last (a flushing callback and a task started from it,
+            # settled by a done callback, took a turn more at each end)
+            task = loop.create_task(self._run(shard, batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
         future = loop.create_future()
         batch.queries.append((name, key_bytes, now, serving))
         batch.futures.append(future)
         return await future
 
-    def _flush(self, shard: int) -> None:
-        batch = self._open.pop(shard)
+    async def _run(self, shard: int, batch: _Batch) -> None:
+        if self._open.get(shard) is batch:
+            del self._open[shard]
         self.counts["calls"] += 1
         self.counts["lookups"] += len(batch.queries)
-        task = asyncio.ensure_future(self._send(shard, batch.queries))
-        task.add_done_callback(lambda t: _settle(t, batch.futures))
+        try:
+            answers = await self._send(shard, batch.queries)
+        except BaseException as e:
+            _settle(batch.futures, None, e)
+            if not isinstance(e, Exception):
+                raise  # NOTE: a cancellation (the loop ending) ends this task as well
+        else:
+            _settle(batch.futures, answers, None)
 
 
-def _settle(task: asyncio.Future, futures: list[asyncio.Future]) -> None:
+def _settle(futures: list[asyncio.Future], answers: Sequence[Any] | None,
+            error: BaseException | None) -> None:
     """Hand each caller its answer (or the batch's error); a caller gone meanwhile
     (cancelled) is skipped."""
-    error = task.exception() if not task.cancelled() else asyncio.CancelledError()
-    answers = None if error is not None else task.result()
+    if isinstance(error, asyncio.CancelledError):
+        error = asyncio.CancelledError()
     for i, future in enumerate(futures):
         if future.done():
             continue
         if error is not None:
             future.set_exception(error)
         else:
+            assert answers is not None
             future.set_result(answers[i])
