@@ -459,10 +459,10 @@ class RayStoreClient(StoreClient):
 
     async def _send_lookups(self, shard: int, queries: Sequence[tuple]) -> list[Any]:
         """One batch of lookups to ``shard``: a plain ``lookup`` when it is alone."""
-        from dynbranch.cluster.shard_set import ShardHandle  # NOTE: it imports this module
-
         handle = self._shards[shard]
-        if isinstance(handle, ShardHandle):  # NOTE: in this task, not one of its own
+        # NOTE: a shard set's handle (shard_set.ShardHandle, which imports this module) reads
+        # in this task, not one of its own; a bare actor handle has no read_now
+        if hasattr(type(handle), "read_now"):
             if len(queries) == 1:
                 return [await handle.read_now("lookup", *queries[0])]
             return await handle.read_now("lookup_many", list(queries))
