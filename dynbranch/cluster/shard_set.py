@@ -251,7 +251,7 @@ class ShardSet:
         queries = [list(args)] if method == "lookup" else [list(q) for q in args[0]]
         try:
             # NOTE: a timeout on this task, not wait_for (a task of its own: three turns of
-            # the loop more, see GateClient._call)
+            # the loop more, see RayGateClient._call)
             async with asyncio.timeout(self.retry.lookup_timeout_s):
                 rows = await lane.call("lookup_many", queries)
         except ShardNotSynced:
