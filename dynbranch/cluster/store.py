@@ -462,13 +462,11 @@ class RayStoreClient(StoreClient):
         handle = self._shards[shard]
         # NOTE: a shard set's handle (shard_set.ShardHandle, which imports this module) reads
         # in this task, not one of its own; a bare actor handle has no read_now
-        if hasattr(type(handle), "read_now"):
-            if len(queries) == 1:
-                return [await handle.read_now("lookup", *queries[0])]
-            return await handle.read_now("lookup_many", list(queries))
+        read = (handle.read_now if hasattr(type(handle), "read_now")
+                else lambda method, *args: getattr(handle, method).remote(*args))
         if len(queries) == 1:
-            return [await handle.lookup.remote(*queries[0])]
-        return await handle.lookup_many.remote(list(queries))
+            return [await read("lookup", *queries[0])]
+        return await read("lookup_many", list(queries))
 
     def _global_id(self, shard: int, local_id: int) -> int:
         return local_id * len(self._shards) + shard
