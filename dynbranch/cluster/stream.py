@@ -212,7 +212,7 @@ class LaneServer:
                     connection.abort("a wrong token")
                     return
                 allowed = True
-                self._reply(connection, _frame(b"ok"))
+                self._write(connection, _frame(b"ok"))
                 return
             if type(frame) is not list or len(frame) != 3:
                 connection.abort("a malformed call")
@@ -231,7 +231,7 @@ class LaneServer:
         return connection
 
     @staticmethod
-    def _reply(connection: _Frames, frame: bytes) -> None:
+    def _write(connection: _Frames, frame: bytes) -> None:
         transport = connection.transport
         if transport is not None and not transport.is_closing():
             transport.write(frame)
@@ -245,7 +245,7 @@ class LaneServer:
             frame = _frame(reply)
         except (TypeError, ValueError, OverflowError) as e:
             frame = _frame([call_id, 1, error_row(e)])
-        self._reply(connection, frame)
+        self._write(connection, frame)
         with contextlib.suppress(ConnectionError, OSError):
             await connection.flush()
 
