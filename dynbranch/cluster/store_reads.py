@@ -162,8 +162,6 @@ def _settle(futures: list[asyncio.Future], answers: Sequence[Any] | None,
             error: BaseException | None) -> None:
     """Hand each caller its answer (or the batch's error); a caller gone meanwhile
     (cancelled) is skipped."""
-    if isinstance(error, asyncio.CancelledError):
-        error = asyncio.CancelledError()
     for i, future in enumerate(futures):
         if future.done():
             continue
