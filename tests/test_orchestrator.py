@@ -167,6 +167,33 @@ def test_affinity_placement_follows_the_prompt_and_keeps_fills_off_the_requests_
                                              "r1")) == 2
 
 
+@pytest.mark.parametrize("kind", ["affinity", "prefix"])
+def test_placing_then_noting_is_choosing_and_placing_alone_notes_nothing(kind):
+    from dynbranch.runtime.affinity import PrefixAffinity
+
+    make = AffinityPlacement if kind == "affinity" else PrefixAffinity
+    chosen, placed = make(), make()
+    prefix = (lambda p: p.prefix) if kind == "affinity" else (lambda p: p)
+    head = "system prompt and function documents " * 40
+    calls = [([0, 0, 0], _call(head + "user: a", "r1")),
+             ([2, 0, 0], _call(head + "user: a\nassistant: b", "r1")),
+             ([0, 0, 1], _call(head + "user: c", "r2")),
+             ([0, 3, 1], _call(head + "fill", "r1", priority=1)),
+             ([9, 0, 0], _call(head + "user: a\nassistant: b\nuser: d", "r1"))]
+    for outstanding, call in calls:
+        engine, note = placed.place(outstanding, call)
+        held = [prefix(placed).held_blocks(i) for i in range(3)]
+        recent = len(prefix(placed)._recent[call.cache_salt])
+        assert engine == chosen.choose(outstanding, call)
+        # NOTE: nothing of the call is noted until the pool has sent it
+        assert [prefix(placed).held_blocks(i) for i in range(3)] == held
+        assert len(prefix(placed)._recent[call.cache_salt]) == recent
+        note(engine)
+        assert [prefix(placed).held_blocks(i) for i in range(3)] == [
+            prefix(chosen).held_blocks(i) for i in range(3)]
+    assert placed.stats() == chosen.stats()
+
+
 class _SlowDecision(NoSpeculation):
     """A branch hook whose decision takes a second of clock time (a gate across a network),
     or fails."""

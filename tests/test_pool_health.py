@@ -321,6 +321,62 @@ def test_a_call_sent_at_once_is_abandoned_and_retried_when_its_engine_hangs():
     assert pool.counts["abandoned"] == 1 and pool.counts["retried"] == 1
 
 
+class _Noting(LeastOutstanding):
+    """Least outstanding, noting each call it placed (as prefix affinity notes its blocks)."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def place(self, outstanding, request):
+        def note(engine: int) -> None:
+            self.events.append(f"noted {request.request_id} on {engine}")
+
+        return self.choose(outstanding, request), note
+
+
+def test_a_placement_notes_a_call_after_sending_it_and_before_anything_else_runs():
+    clock = VirtualClock()
+
+    async def main():
+        events: list[str] = []
+        pool = EnginePool({"target": [_Sending(f"e{i}", clock, events) for i in range(2)]},
+                          lambda: _Noting(events), clock=clock)
+        asyncio.get_running_loop().call_soon(events.append, "another step")
+        first = asyncio.ensure_future(pool.generate("target", req(1)))
+        await asyncio.sleep(0)  # NOTE: the first call's task runs up to its answer
+        asyncio.get_running_loop().call_soon(events.append, "another step")
+        await pool.generate("target", req(2))
+        await first
+        return events
+
+    assert clock.run(main()) == ["another step", "sent r1 to e0", "noted r1 on 0",
+                                 "sent r2 to e1", "noted r2 on 1", "another step"]
+
+
+def test_a_placement_notes_the_engine_a_call_went_to_and_only_that_one():
+    clock = VirtualClock()
+
+    async def main():
+        events: list[str] = []
+        e0, e1 = _Sending("e0", clock, events), _Sending("e1", clock, events)
+        pool = EnginePool({"target": [e0, e1]}, lambda: _Noting(events), clock=clock,
+                          health=HealthPolicy(sweep_s=2.0, probe_s=0.5))
+        e0.hung = True
+        await pool.generate("target", req(1))
+        await pool.close()
+        plain_events: list[str] = []
+        plain_pool = EnginePool({"target": [FakeEngine("p0", clock)]},
+                                lambda: _Noting(plain_events), clock=clock)
+        await plain_pool.generate("target", req(2))
+        return events, plain_events
+
+    events, plain_events = clock.run(main())
+    # NOTE: the hung engine was sent the call first, so it holds the prompt as much as the
+    # engine that answered; a call that is not sent at once (a task) is noted as it starts
+    assert events == ["sent r1 to e0", "noted r1 on 0", "sent r1 to e1", "noted r1 on 1"]
+    assert plain_events == ["noted r2 on 0"]
+
+
 @pytest.mark.parametrize("sent_at_once", [False, True])
 def test_a_cancelled_caller_aborts_its_remote_call(sent_at_once: bool):
     clock = VirtualClock()

@@ -40,11 +40,12 @@ import hashlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import repeat
 
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest
-from dynbranch.prefix_memo import RecentPrefixesByKey
-from dynbranch.runtime.placement import PlacementPolicy
+from dynbranch.prefix_memo import RecentPrefixes, RecentPrefixesByKey
+from dynbranch.runtime.placement import Noting, PlacementPolicy
 
 BlockHash = Callable[[bytes], bytes]
 
@@ -126,13 +127,35 @@ class PrefixAffinity(PlacementPolicy):
         self.counts = {"affinity": 0, "no_affinity": 0, "load_guard": 0}
 
     def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
-        keys = self.block_keys(request.prompt, request.cache_salt)
-        chosen = self.decide(outstanding, keys)
-        self.remember(chosen, keys)
+        chosen, note = self.place(outstanding, request)
+        note(chosen)
         return chosen
 
+    def place(self, outstanding: Sequence[int],
+              request: GenerateRequest) -> tuple[int, Noting]:
+        keys, note = self.keys_to_note(request.prompt, request.cache_salt)
+        return self.decide(outstanding, keys), note
+
     def block_keys(self, prompt: str, salt: str | None) -> list[bytes]:
-        """Chained keys of the prompt's full leading blocks (at most ``max_blocks``)."""
+        """Chained keys of the prompt's full leading blocks (at most ``max_blocks``); the
+        prompt's keys are remembered for the next prompts that share its prefix."""
+        keys, memo = self._block_keys(prompt, salt)
+        memo.add(prompt, tuple(keys))
+        return keys
+
+    def keys_to_note(self, prompt: str, salt: str | None) -> tuple[list[bytes], Noting]:
+        """:meth:`block_keys`, and what remembers them: called with the engine the prompt
+        was sent to, it notes the keys there and keeps them for the next prompts."""
+        keys, memo = self._block_keys(prompt, salt)
+        return keys, partial(self._note, memo, prompt, keys)
+
+    def _note(self, memo: RecentPrefixes[str, tuple[bytes, ...]], prompt: str,
+              keys: list[bytes], engine: int) -> None:
+        memo.add(prompt, tuple(keys))
+        self.remember(engine, keys)
+
+    def _block_keys(self, prompt: str, salt: str | None
+                    ) -> tuple[list[bytes], RecentPrefixes[str, tuple[bytes, ...]]]:
         size = self.config.block_chars
         n = min(len(prompt) // size, self.config.max_blocks)
         memo = self._recent[salt]
@@ -144,8 +167,7 @@ class PrefixAffinity(PlacementPolicy):
         for i in range(len(keys), n):
             key = self.hash_fn(key + prompt[i * size:(i + 1) * size].encode("utf-8"))
             keys.append(key)
-        memo.add(prompt, tuple(keys))
-        return keys
+        return keys, memo
 
     def match(self, engine: int, keys: Sequence[bytes]) -> Match:
         """How many leading blocks of ``keys`` ``engine`` holds (radix semantics: stop at the
@@ -234,7 +256,13 @@ class AffinityPlacement(PlacementPolicy):
         self._last: OrderedDict[str, int] = OrderedDict()
 
     def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
-        keys = self.prefix.block_keys(request.prompt, request.cache_salt)
+        chosen, note = self.place(outstanding, request)
+        note(chosen)
+        return chosen
+
+    def place(self, outstanding: Sequence[int],
+              request: GenerateRequest) -> tuple[int, Noting]:
+        keys, note = self.prefix.keys_to_note(request.prompt, request.cache_salt)
         if request.priority > CANONICAL:
             last = self._last.get(request.session) if request.session else None
             others = [i for i in range(len(outstanding)) if i != last] or list(
@@ -247,8 +275,7 @@ class AffinityPlacement(PlacementPolicy):
                 self._last.move_to_end(request.session)
                 if len(self._last) > self.max_sessions:
                     self._last.popitem(last=False)
-        self.prefix.remember(chosen, keys)
-        return chosen
+        return chosen, note
 
     def stats(self) -> dict[str, int]:
         return self.prefix.stats()

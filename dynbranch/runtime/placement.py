@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest
+
+Noting = Callable[[int], None]
+"""What a policy notes of a call it placed, given the engine the call was sent to."""
 
 
 class PlacementPolicy(ABC):
@@ -21,7 +24,17 @@ class PlacementPolicy(ABC):
 
     @abstractmethod
     def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
-        """Index of the engine to send ``request`` to, given each engine's open calls."""
+        """Index of the engine to send ``request`` to, given each engine's open calls (and
+        what the policy notes of the call, as if it went there at once)."""
+
+    def place(self, outstanding: Sequence[int],
+              request: GenerateRequest) -> tuple[int, Noting | None]:
+        """:meth:`choose`, with what the policy notes of the call left for later: the engine,
+        and a function to call with the engine the call went to once it is sent (``None``:
+        nothing is left). The pool calls it in the same step of the event loop, so the next
+        placement sees the note, as after :meth:`choose`; only the send comes before it.
+        """
+        return self.choose(outstanding, request), None
 
 
 class LeastOutstanding(PlacementPolicy):

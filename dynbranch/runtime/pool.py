@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from dynbranch.clock import Clock
 from dynbranch.engines.client import SATURATED, DownSnapshot, EngineClient
@@ -123,10 +124,10 @@ class EnginePool:
         self._ensure_sweep()
         tried: list[int] = []
         while True:
-            i = self._place(role, request, tried)
+            i, note = self._place(role, request, tried)
             tried.append(i)
             try:
-                return engines[i].client, await self._run_on(engines[i], request)
+                return engines[i].client, await self._run_on(engines[i], request, note)
             except EngineDied as e:
                 self._mark_down(engines[i], e.cause)
                 if len(tried) > 1 or not idempotent(request) or not self._any_up(role, tried):
@@ -176,8 +177,10 @@ class EnginePool:
 
     # -- placement ------------------------------------------------------------------------
 
-    def _place(self, role: str, request: GenerateRequest, tried: Sequence[int]) -> int:
-        """The policy's choice among the engines that are up and not yet tried."""
+    def _place(self, role: str, request: GenerateRequest,
+               tried: Sequence[int]) -> tuple[int, Callable[[], None] | None]:
+        """The policy's choice among the engines that are up and not yet tried, and what
+        the policy notes of the call once it is sent there (see :meth:`_run_on`)."""
         engines = self._engines[role]
         usable = [i for i, e in enumerate(engines) if e.up and i not in tried]
         if not usable:
@@ -187,23 +190,28 @@ class EnginePool:
         # NOTE: a down engine reads saturated to the policy, which then places elsewhere; a
         # policy that picks it anyway (prefix affinity within its guard) is overridden.
         outstanding = [e.open if i in usable else SATURATED for i, e in enumerate(engines)]
-        i = self._placement[role].choose(outstanding, request)
+        i, note = self._placement[role].place(outstanding, request)
         if i not in usable:
             i = min(usable, key=lambda j: (engines[j].open, j))
-        return i
+        return i, None if note is None else partial(note, i)
 
     def _any_up(self, role: str, tried: Sequence[int]) -> bool:
         return any(e.up and i not in tried for i, e in enumerate(self._engines[role]))
 
     # -- one call -------------------------------------------------------------------------
 
-    async def _run_on(self, engine: _Engine, request: GenerateRequest) -> GenerateResult:
+    async def _run_on(self, engine: _Engine, request: GenerateRequest,
+                      note: Callable[[], None] | None = None) -> GenerateResult:
         """Run ``request`` on ``engine``; a remote engine's call is abandoned
-        (``EngineDied``) if the engine goes down while it runs."""
+        (``EngineDied``) if the engine goes down while it runs. ``note`` (the placement's
+        note of the call) runs once the call is sent, in this same step of the event loop:
+        the next call placed sees it, and the call does not wait for it."""
         engine.open += 1
         client = engine.client
         try:
             if not client.remote:  # NOTE: in process: it fails by raising, and costs no task
+                if note is not None:
+                    note()  # NOTE: the engine runs the call inside the await: note it first
                 try:
                     return await client.generate(request)
                 except BaseException:
@@ -213,9 +221,13 @@ class EnginePool:
             # which the event loop would start only after everything ready before it
             started = client.start(request)
             if started is not None:
+                if note is not None:
+                    note()
                 return await self._answer(engine, started, request)
-            return await self._race(engine, asyncio.ensure_future(client.generate(request)),
-                                    request)
+            call = asyncio.ensure_future(client.generate(request))
+            if note is not None:
+                note()
+            return await self._race(engine, call, request)
         finally:
             engine.open -= 1
 
