@@ -24,6 +24,11 @@ also runs on the Ray backend (real clock) with engines spread over several simul
 (``ray.cluster_utils.Cluster``), for wall time only. It writes ``points.json``, a plot
 (``scale.png``) and prints each sweep's fitted growth exponents (wall, CPU and memory):
 ``y ∝ x^b`` by least squares on the logs.
+
+``points.json`` is rewritten after every point, so a run stopped part way keeps what it
+measured. A point whose replay fails (on Ray, 64 engine actors may not all start on a small
+machine) is kept there with its error (the end of the replay's stderr) and left out of the
+fits and the plot; the sweep goes on, and the script exits with status 1 at the end.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 SWEEPS = {
@@ -67,17 +73,33 @@ print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time
 """
 
 
+class PointFailed(RuntimeError):
+    """A point's replay did not finish: its exit status and the end of what it printed."""
+
+
+STDERR_LINES = 12
+"""Lines of a failed child's stderr kept in its point (the end, where the error is)."""
+
+
 def run_point(arm: str, requests: int, engines: int, rate: float, *, backend: str = "local",
               address: str | None = None, store_mb: int = 1024) -> dict:
-    """One replay in a fresh interpreter; its wall and CPU time, simulated time, peak memory."""
+    """One replay in a fresh interpreter; its wall and CPU time, simulated time, peak memory.
+
+    Raises :class:`PointFailed` (with the end of the child's stderr) if it does not finish.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         args = {"arm": arm, "requests": requests, "engines": engines, "rate": rate,
                 "backend": backend, "clock": "virtual" if backend == "local" else "real",
                 "out": str(Path(tmp) / "run"), "address": address, "store_mb": store_mb}
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)],
-                              capture_output=True, text=True, check=True)
-        point = json.loads(done.stdout.strip().splitlines()[-1])
+                              capture_output=True, text=True)
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            tail = "\n".join(done.stderr.strip().splitlines()[-STDERR_LINES:])
+            raise PointFailed(f"{backend} replay of {requests} requests on {engines} engines "
+                              f"exited with status {done.returncode}:\n{tail}")
+        point = json.loads(lines[-1])
     point.update(args | {"process_s": time.perf_counter() - t0})
     point.pop("out")
     point["sim_s_per_wall_s"] = point["simulated_s"] / point["wall_s"]
@@ -93,19 +115,50 @@ def fit_exponent(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(lx, ly, strict=True)) / den if den else 0.0
 
 
-def sweep(name: str, values: list, base: dict, arm: str, store_mb: int) -> list[dict]:
+class Points:
+    """The points measured so far, written to ``points.json`` after each one (with the fits
+    of those that finished), so a run stopped or failing part way keeps what it measured."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.points = path, []
+
+    def add(self, point: dict) -> None:
+        self.points.append(point)
+        self.path.write_text(json.dumps({"points": self.points,
+                                         "fits": fit_all(self.points, quiet=True)}, indent=2))
+
+    def measured(self) -> list[dict]:
+        return [p for p in self.points if "error" not in p]
+
+    def failed(self) -> list[dict]:
+        return [p for p in self.points if "error" in p]
+
+
+def measure_point(points: Points, label: str, sweep_name: str, where: dict,
+                  run: Callable[[], dict]) -> None:
+    """Run one point and record it; a point whose replay fails is recorded as failed (its
+    error said), and the sweep goes on."""
+    try:
+        point = run()
+    except PointFailed as e:
+        points.add({"sweep": sweep_name, **where, "error": str(e)})
+        print(f"  {label}: failed: {e}", flush=True)
+        return
+    point["sweep"] = sweep_name
+    points.add(point)
+    _say(f"  {label}", point)
+
+
+def sweep(points: Points, name: str, values: list, base: dict, arm: str,
+          store_mb: int) -> None:
     """One point per value of ``name``, the other factors at ``base``."""
-    points = []
     for v in values:
         p = dict(base)
         p[name] = v
         if name == "engines":
             p["rate"] = base["rate"] * v / base["engines"]
-        point = run_point(arm, p["requests"], p["engines"], p["rate"], store_mb=store_mb)
-        point["sweep"] = name
-        points.append(point)
-        _say(f"  {name}={v}", point)
-    return points
+        measure_point(points, f"{name}={v}", name, p, lambda p=p: run_point(
+            arm, p["requests"], p["engines"], p["rate"], store_mb=store_mb))
 
 
 def _say(label: str, point: dict) -> None:
@@ -115,31 +168,38 @@ def _say(label: str, point: dict) -> None:
           flush=True)
 
 
-def ray_engine_sweep(values: list, base: dict, arm: str, store_mb: int,
-                     nodes: int = 4) -> list[dict]:
+def ray_engine_sweep(points: Points, values: list, base: dict, arm: str, store_mb: int,
+                     nodes: int = 4) -> None:
     """The engine sweep on Ray (real clock), engines spread over ``nodes`` simulated nodes.
 
     NOTE: ``cpu_s`` here is the driver process's only (the actors run in other processes).
     """
     from ray.cluster_utils import Cluster
 
-    points = []
+    from dynbranch.cluster.backend import CPU_PER_SIM_ENGINE
+
     for engines in values:
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-        per_node = math.ceil(engines / nodes)
-        for _ in range(nodes):
-            cluster.add_node(num_cpus=1, resources={"dynbranch_engine": per_node})
-        try:
-            point = run_point(arm, base["requests"], engines,
-                              base["rate"] * engines / base["engines"], backend="ray",
-                              address=cluster.address, store_mb=store_mb)
-        finally:
-            cluster.shutdown()
-        point["sweep"] = "engines-ray"
-        point["nodes"] = nodes
-        points.append(point)
-        _say(f"  ray engines={engines} over {nodes} nodes", point)
-    return points
+        rate = base["rate"] * engines / base["engines"]
+
+        def run(engines: int = engines, rate: float = rate) -> dict:
+            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+            per_node = math.ceil(engines / nodes)
+            # NOTE: logical CPUs, as a node declares them: each simulated engine asks for
+            # CPU_PER_SIM_ENGINE of one (16 engines on a node of 1 CPU cannot be placed)
+            cpus = max(1, math.ceil(per_node * CPU_PER_SIM_ENGINE))
+            for _ in range(nodes):
+                cluster.add_node(num_cpus=cpus, resources={"dynbranch_engine": per_node})
+            try:
+                point = run_point(arm, base["requests"], engines, rate, backend="ray",
+                                  address=cluster.address, store_mb=store_mb)
+            finally:
+                cluster.shutdown()
+            point["nodes"] = nodes
+            return point
+
+        measure_point(points, f"ray engines={engines} over {nodes} nodes", "engines-ray",
+                      {"requests": base["requests"], "engines": engines, "rate": rate,
+                       "nodes": nodes}, run)
 
 
 def plot(points: list[dict], path: Path) -> None:
@@ -154,7 +214,7 @@ def plot(points: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(2, len(sweeps), figsize=(4 * len(sweeps), 6), squeeze=False)
     for j, s in enumerate(sweeps):
         ps = [p for p in points if p["sweep"] == s]
-        key = "engines" if s.startswith("engines") else s
+        key = _factor(s)
         xs = [p[key] for p in ps]
         walls, cpus = [p["wall_s"] for p in ps], [p["cpu_s"] for p in ps]
         axes[0][j].loglog(xs, walls, "o-", label=f"wall ∝ x^{fit_exponent(xs, walls):.2f}")
@@ -205,33 +265,52 @@ def main() -> None:
                         ("rate", args.rates)):
         if given:
             values[name] = given
-    points = []
+    points = Points(out / "points.json")
     for name in [n for n in args.only.split(",") if n]:
         print(f"sweep {name}:", flush=True)
-        points += sweep(name, values[name], base, args.arm, args.store_mb)
+        sweep(points, name, values[name], base, args.arm, args.store_mb)
     if args.ray:
+        print("sweep engines on Ray:", flush=True)
         ray_base = {**base, "requests": args.ray_requests}
-        points += ray_engine_sweep(args.ray_engines or values["engines"], ray_base, args.arm,
-                                   args.store_mb)
-    fits = fit_all(points)
-    (out / "points.json").write_text(json.dumps({"points": points, "fits": fits}, indent=2))
-    plot(points, out / "scale.png")
-    print(f"wrote {out}/points.json and {out}/scale.png; this process's peak "
+        ray_engine_sweep(points, args.ray_engines or values["engines"], ray_base, args.arm,
+                         args.store_mb)
+    fit_all(points.measured())
+    wrote = f"{out}/points.json"
+    if points.measured():
+        plot(points.measured(), out / "scale.png")
+        wrote += f" and {out}/scale.png"
+    print(f"wrote {wrote}; this process's peak "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    failed = points.failed()
+    if failed:
+        print(f"{len(failed)} of {len(points.points)} points failed (kept in points.json, "
+              f"left out of the fits and the plot): "
+              + ", ".join(f"{p['sweep']} {p[_factor(p['sweep'])]}" for p in failed),
+              file=sys.stderr)
+        sys.exit(1)
 
 
-def fit_all(points: list[dict]) -> dict[str, dict[str, float]]:
-    """Each sweep's growth exponents of wall time, CPU time and peak memory (and says them)."""
+def _factor(sweep_name: str) -> str:
+    """The factor a sweep varies (the Ray sweep varies the engines)."""
+    return "engines" if sweep_name.startswith("engines") else sweep_name
+
+
+def fit_all(points: list[dict], *, quiet: bool = False) -> dict[str, dict[str, float]]:
+    """Each sweep's growth exponents of wall time, CPU time and peak memory (and says them,
+    unless ``quiet``); failed points are left out."""
     fits = {}
-    for s in sorted({p["sweep"] for p in points}):
-        ps = [p for p in points if p["sweep"] == s]
+    measured = [p for p in points if "error" not in p]
+    for s in sorted({p["sweep"] for p in measured}):
+        ps = [p for p in measured if p["sweep"] == s]
         if len(ps) < 2:
             continue
-        xs = [p["engines" if s.startswith("engines") else s] for p in ps]
+        xs = [p[_factor(s)] for p in ps]
         fits[s] = {f"{k}_exponent": fit_exponent(xs, [p[m] for p in ps])
                    for k, m in (("wall", "wall_s"), ("cpu", "cpu_s"), ("memory", "maxrss_mb"))}
-        print(f"{s}: wall ∝ x^{fits[s]['wall_exponent']:.2f}, cpu ∝ x^"
-              f"{fits[s]['cpu_exponent']:.2f}, memory ∝ x^{fits[s]['memory_exponent']:.2f}")
+        if not quiet:
+            print(f"{s}: wall ∝ x^{fits[s]['wall_exponent']:.2f}, cpu ∝ x^"
+                  f"{fits[s]['cpu_exponent']:.2f}, memory ∝ x^"
+                  f"{fits[s]['memory_exponent']:.2f}")
     return fits
 
 
