@@ -202,6 +202,16 @@ def ray_engine_sweep(points: Points, values: list, base: dict, arm: str, store_m
                        "nodes": nodes}, run)
 
 
+def spaced(values: list[float], ratio: float = 1.15) -> list[float]:
+    """``values`` in order, less each that is within ``ratio`` of the last one kept (ticks on
+    a log axis whose labels would overlap)."""
+    kept: list[float] = []
+    for v in sorted(set(values)):
+        if not kept or v >= kept[-1] * ratio:
+            kept.append(v)
+    return kept
+
+
 def plot(points: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -223,6 +233,7 @@ def plot(points: list[dict], path: Path) -> None:
         axes[0][j].set_ylabel("seconds")
         axes[0][j].legend(fontsize=8)
         axes[1][j].semilogx(xs, [p["maxrss_mb"] for p in ps], "o-")
+        axes[1][j].set_ylim(bottom=0)  # NOTE: from zero, so memory that is flat looks flat
         axes[1][j].set_ylabel("peak RSS (MB)")
         axes[1][j].set_xlabel(key)
         for a in axes[:, j]:
@@ -231,9 +242,10 @@ def plot(points: list[dict], path: Path) -> None:
             # less than two decades otherwise prints overlapping minor labels
             a.set_xticks(xs, [f"{x:g}" for x in xs])
             a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        top = axes[0][j]  # the same for the seconds: the measured walls, one decimal
+        top = axes[0][j]  # the same for the seconds: the measured ones, one decimal
         top.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-        top.set_yticks(sorted(set(walls)), [f"{w:.1f}" for w in sorted(set(walls))])
+        ticks = spaced(walls + cpus)
+        top.set_yticks(ticks, [f"{t:.1f}" for t in ticks])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

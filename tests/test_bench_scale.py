@@ -84,3 +84,9 @@ def test_a_run_whose_every_point_fails_still_writes_its_points(tmp_path, monkeyp
     assert [p["rate"] for p in saved["points"]] == [1.0, 4.0] and saved["fits"] == {}
     assert not (tmp_path / "scale.png").exists()
     assert "2 of 2 points failed" in capsys.readouterr().err
+
+
+def test_tick_values_that_would_overlap_on_a_log_axis_are_thinned():
+    assert bench_scale.spaced([169.8, 162.9, 111.8, 25.1, 25.1, 37.0]) == [25.1, 37.0, 111.8,
+                                                                           162.9]
+    assert bench_scale.spaced([]) == []
