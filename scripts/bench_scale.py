@@ -26,9 +26,10 @@ also runs on the Ray backend (real clock) with engines spread over several simul
 ``y ∝ x^b`` by least squares on the logs.
 
 ``points.json`` is rewritten after every point, so a run stopped part way keeps what it
-measured. A point whose replay fails (on Ray, 64 engine actors may not all start on a small
-machine) is kept there with its error (the end of the replay's stderr) and left out of the
-fits and the plot; the sweep goes on, and the script exits with status 1 at the end.
+measured. A point whose replay fails (a Ray cluster that cannot hold its engines, a replay
+that runs out of memory) is kept there with its error (the end of the replay's stderr) and
+left out of the fits and the plot; the sweep goes on, and the script exits with status 1 at
+the end.
 """
 
 from __future__ import annotations
