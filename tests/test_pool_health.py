@@ -353,7 +353,7 @@ def test_a_placement_notes_a_call_after_sending_it_and_before_anything_else_runs
                                  "sent r2 to e1", "noted r2 on 1", "another step"]
 
 
-def test_a_placement_notes_the_engine_a_call_went_to_and_only_that_one():
+def test_a_placement_notes_each_engine_a_call_was_sent_to_once():
     clock = VirtualClock()
 
     async def main():
