@@ -45,12 +45,12 @@ class WarmupAtHome(SessionAffinity):
 
     name = "session-affinity-warm-home"
 
-    def choose(self, outstanding, request: GenerateRequest) -> int:
+    def place(self, outstanding, request: GenerateRequest):
         home = self._home.get(request.session) if request.session else None
         warm = request.priority > CANONICAL and request.request_id.endswith("/respond_prefix")
         if warm and home is not None and home < len(outstanding):
-            return home
-        return super().choose(outstanding, request)
+            return home, None
+        return super().place(outstanding, request)
 
 
 def replay(out: Path, rate: float, n: int, arm: str, home: bool = False, **kw) -> dict:

@@ -304,6 +304,33 @@ def test_parrot_keeps_a_chain_on_its_context_up_to_the_latency_cap():
     assert parrot.stats()["session_context"] == 2 and parrot.stats()["over_cap"] == 1
 
 
+@pytest.mark.parametrize("make", [ParrotPlacement, SessionAffinity])
+def test_a_session_is_homed_where_its_call_was_sent_not_where_it_was_placed(make):
+    policy, other = make(), make()
+    engine, note = policy.place([0, 0], call(SHARED + " question a", "a"))
+    assert engine == other.choose([0, 0], call(SHARED + " question a", "a")) == 0
+    # NOTE: placing alone remembers nothing: the next call of the session is placed afresh
+    assert policy.place([1, 0], call(SHARED + " question a2", "a"))[0] == 1
+    assert other.choose([1, 0], call(SHARED + " question a2", "a")) == 0
+    note(1)  # the pool sent the first call to engine 1 (it overrode the pick)
+    assert policy.choose([0, 0], call(SHARED + " question a3", "a")) == 1
+    # a fill is not remembered; the floor's keeps off the session's home (engine 1 now),
+    # Parrot places fills by load alone
+    fill = call(SHARED + " fill", "a", priority=CANONICAL + 1)
+    assert policy.place([1, 0], fill) == ((0 if make is SessionAffinity else 1), None)
+
+
+def test_parrot_notes_a_prompt_prefix_on_the_engine_it_was_sent_to():
+    parrot = ParrotPlacement()
+    for s in ("s1", "s2", "s3", "s4"):
+        engine, note = parrot.place([0, 0, 0], call(SHARED + f" question {s}", s))
+        assert engine == 0
+        note(2)  # each sent to engine 2
+    # the shared prefix is global now, held by engine 2 alone: a new session goes there
+    assert parrot.choose([0, 0, 1], call(SHARED + " question s5", "s5")) == 2
+    assert parrot.stats()["global_prefix"] == 1
+
+
 def test_the_prefix_matcher_shrinks_to_the_shared_part_and_counts_it():
     matcher = PrefixMatcher(ParrotConfig(min_prefix_chars=10, global_prefix_count=3))
     head = "0123456789ABCDEF"

@@ -377,6 +377,36 @@ def test_a_placement_notes_each_engine_a_call_was_sent_to_once():
     assert plain_events == ["noted r2 on 0"]
 
 
+def test_a_policy_remembers_the_engine_the_pool_sent_a_call_to_not_the_one_it_picked():
+    from dynbranch.baselines.parrot import ParrotConfig, ParrotPlacement
+
+    clock = VirtualClock()
+    parrot = ParrotPlacement(ParrotConfig(latency_task_cap=1))
+
+    def call(rid: str, session: str) -> GenerateRequest:
+        return GenerateRequest(rid, f"prompt of {session}", 8, temperature=0.0, session=session)
+
+    async def main():
+        e0, e1 = FakeEngine("e0", clock), FakeEngine("e1", clock, step_s=10.0)
+        pool = EnginePool({"target": [e0, e1]}, lambda: parrot, clock=clock,
+                          health=HealthPolicy(probe_s=0.5))
+        first = asyncio.ensure_future(pool.generate("target", call("a1", "a")))
+        await asyncio.sleep(0)
+        busy = asyncio.ensure_future(pool.generate("target", call("b1", "b")))  # e1, 10 s
+        await first
+        e0.dead = True
+        # NOTE: a2 goes home to e0, which dies; the retry finds e1 at Parrot's cap, so Parrot
+        # picks its context, the down e0, and the pool sends the call to e1 instead
+        client, _ = await pool.generate("target", call("a2", "a"))
+        busy.cancel()
+        return client.engine_id, e0.calls, e1.calls
+
+    sent_to, e0_calls, e1_calls = clock.run(main())
+    assert (sent_to, e0_calls, e1_calls) == ("e1", ["a1", "a2"], ["b1", "a2"])
+    assert parrot.stats()["over_cap"] == 1
+    assert parrot._home["a"] == 1  # before: e0, the engine Parrot had picked
+
+
 @pytest.mark.parametrize("sent_at_once", [False, True])
 def test_a_cancelled_caller_aborts_its_remote_call(sent_at_once: bool):
     clock = VirtualClock()

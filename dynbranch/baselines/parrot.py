@@ -70,12 +70,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from dynbranch.arms.base import Arm
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest
 from dynbranch.fill import NoSpeculation
 from dynbranch.reuse.hook import NoReuse
-from dynbranch.runtime.placement import PlacementPolicy
+from dynbranch.runtime.placement import Noting, NotingPlacement
 
 PARROT_DESCRIPTION = ("Parrot: prefix-context placement (session chain and detected global "
                       "prefixes) under a latency task cap; no reuse, no fills")
@@ -175,7 +176,7 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:i]
 
 
-class ParrotPlacement(PlacementPolicy):
+class ParrotPlacement(NotingPlacement):
     """Send a call to an engine under the latency cap that holds its prefix context: its
     session's chain context first, then its global prefix, else the least loaded."""
 
@@ -188,18 +189,17 @@ class ParrotPlacement(PlacementPolicy):
         self.counts = {"session_context": 0, "global_prefix": 0, "no_context": 0,
                        "over_cap": 0, "speculative": 0}
 
-    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
+    def place(self, outstanding: Sequence[int],
+              request: GenerateRequest) -> tuple[int, Noting | None]:
         n = len(outstanding)
         if request.priority > CANONICAL:  # never issued by this arm; placed plainly
             self.counts["speculative"] += 1
-            return _least(range(n), outstanding)
+            return _least(range(n), outstanding), None
         pool = [i for i in range(n) if outstanding[i] < self.config.latency_task_cap]
         if not pool:  # NOTE: Parrot would hold the call in its queue; see module docstring
             self.counts["over_cap"] += 1
             pool = list(range(n))
-        chosen = self._with_context(pool, outstanding, request)
-        self._remember(chosen, request)
-        return chosen
+        return self._with_context(pool, outstanding, request), partial(self._remember, request)
 
     def _with_context(self, pool: list[int], outstanding: Sequence[int],
                       request: GenerateRequest) -> int:
@@ -215,7 +215,9 @@ class ParrotPlacement(PlacementPolicy):
         self.counts["no_context"] += 1
         return _least(pool, outstanding)
 
-    def _remember(self, engine: int, request: GenerateRequest) -> None:
+    def _remember(self, request: GenerateRequest, engine: int) -> None:
+        """Note that ``request`` was sent to ``engine``: its session's context and its prompt's
+        prefix are held there now."""
         if request.session:
             self._home[request.session] = engine
             self._home.move_to_end(request.session)

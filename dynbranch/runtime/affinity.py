@@ -45,7 +45,7 @@ from itertools import repeat
 
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest
 from dynbranch.prefix_memo import RecentPrefixes, RecentPrefixesByKey
-from dynbranch.runtime.placement import Noting, PlacementPolicy
+from dynbranch.runtime.placement import Noting, NotingPlacement
 
 BlockHash = Callable[[bytes], bytes]
 
@@ -111,7 +111,7 @@ def least_outstanding(outstanding: Sequence[int]) -> int:
     return min(range(len(outstanding)), key=lambda i: (outstanding[i], i))
 
 
-class PrefixAffinity(PlacementPolicy):
+class PrefixAffinity(NotingPlacement):
     """Route a call to the engine holding its longest prompt prefix, within a load guard."""
 
     name = "prefix-affinity"
@@ -125,11 +125,6 @@ class PrefixAffinity(PlacementPolicy):
             RECENT_PROMPTS, RECENT_SALTS)
         self._tick = 0
         self.counts = {"affinity": 0, "no_affinity": 0, "load_guard": 0}
-
-    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
-        chosen, note = self.place(outstanding, request)
-        note(chosen)
-        return chosen
 
     def place(self, outstanding: Sequence[int],
               request: GenerateRequest) -> tuple[int, Noting]:
@@ -227,7 +222,7 @@ class PrefixAffinity(PlacementPolicy):
             held.popitem(last=False)
 
 
-class AffinityPlacement(PlacementPolicy):
+class AffinityPlacement(NotingPlacement):
     """Prefix affinity for canonical calls, with fills kept off the request's engine.
 
     Every canonical call goes where :class:`PrefixAffinity` sends its prompt: the engine
@@ -254,11 +249,6 @@ class AffinityPlacement(PlacementPolicy):
         self.max_sessions = max_sessions
         self.prefix = PrefixAffinity(config)
         self._last: OrderedDict[str, int] = OrderedDict()
-
-    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
-        chosen, note = self.place(outstanding, request)
-        note(chosen)
-        return chosen
 
     def place(self, outstanding: Sequence[int],
               request: GenerateRequest) -> tuple[int, Noting]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest
 
@@ -37,6 +38,23 @@ class PlacementPolicy(ABC):
         return self.choose(outstanding, request), None
 
 
+class NotingPlacement(PlacementPolicy):
+    """A policy that remembers the calls it placed (a session's home, the prompt blocks an
+    engine holds): it decides in :meth:`place` and remembers in the note, so what it
+    remembers is where each call was sent, even where the pool overrode its pick."""
+
+    @abstractmethod
+    def place(self, outstanding: Sequence[int],
+              request: GenerateRequest) -> tuple[int, Noting | None]:
+        """The engine for ``request``, and what notes the call once it is sent there."""
+
+    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
+        chosen, note = self.place(outstanding, request)
+        if note is not None:
+            note(chosen)
+        return chosen
+
+
 class LeastOutstanding(PlacementPolicy):
     """The engine with the fewest open calls; ties go to the lowest index (deterministic)."""
 
@@ -46,7 +64,7 @@ class LeastOutstanding(PlacementPolicy):
         return min(range(len(outstanding)), key=lambda i: (outstanding[i], i))
 
 
-class SessionAffinity(PlacementPolicy):
+class SessionAffinity(NotingPlacement):
     """Keep a workflow request's canonical calls on one engine; send its fills elsewhere.
 
     A request's consecutive LLM stages share long prompt prefixes (a router's prompt grows
@@ -64,20 +82,23 @@ class SessionAffinity(PlacementPolicy):
         self.slack, self.max_sessions = slack, max_sessions
         self._home: OrderedDict[str, int] = OrderedDict()
 
-    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
+    def place(self, outstanding: Sequence[int],
+              request: GenerateRequest) -> tuple[int, Noting | None]:
         n = len(outstanding)
         home = self._home.get(request.session) if request.session else None
         if home is not None and home >= n:
             home = None
         if request.priority > CANONICAL:
             others = [i for i in range(n) if i != home] or list(range(n))
-            return min(others, key=lambda i: (outstanding[i], i))
+            return min(others, key=lambda i: (outstanding[i], i)), None
         least = min(range(n), key=lambda i: (outstanding[i], i))
         if home is None or outstanding[home] > outstanding[least] + self.slack:
             home = least
-        if request.session:
-            self._home[request.session] = home
-            self._home.move_to_end(request.session)
-            if len(self._home) > self.max_sessions:
-                self._home.popitem(last=False)
-        return home
+        return home, (partial(self._settle, request.session) if request.session else None)
+
+    def _settle(self, session: str, engine: int) -> None:
+        """Make ``engine``, which a call of ``session`` was sent to, the session's home."""
+        self._home[session] = engine
+        self._home.move_to_end(session)
+        if len(self._home) > self.max_sessions:
+            self._home.popitem(last=False)
