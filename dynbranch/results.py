@@ -213,8 +213,8 @@ CHUNK_ROWS = 4096
 """Stage or branch rows converted to Arrow at a time (one Parquet row group each).
 
 NOTE: the chunk's rows and its Arrow table are the largest thing writing the results holds:
-at 16,384 rows a Routing replay's peak RSS rose about 87 MB while writing them, at 4,096
-about 40 MB (files about 10 % larger, the same rows)."""
+at 16,384 rows an 8,000-request Routing replay's RSS rose about 87 MB while writing them,
+at 4,096 about 40 MB (files about 10 % larger, the same rows; ``scripts/BENCHMARKS.md``)."""
 
 _ARROW_TYPES = {"str": pa.string(), "str | None": pa.string(), "int": pa.int64(),
                 "float": pa.float64(), "bool": pa.bool_(), "dict[str, str]": pa.string()}
