@@ -84,7 +84,8 @@ class GateDeployment:
                 num_cpus=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
             )
-            .remote(model, config, str(path), snapshot_every=snapshot_every, freeze_heap=True)
+            .remote(model, config, str(path), snapshot_every=snapshot_every, freeze_heap=True,
+                    background_snapshots=True)
         )
         return cls(actor, name, path, model, config, owns)
 
