@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
 import tempfile
@@ -126,6 +127,33 @@ async def phase(call: Callable[[int], Awaitable], calls: int, callers: int
     return [us for part in parts for us in part], time.perf_counter() - t0
 
 
+async def open_loop(call: Callable[[int], Awaitable], calls: int, rate: float, seed: int = 0
+                    ) -> tuple[list[float], list[float]]:
+    """Latencies (us) of ``calls`` calls sent as a Poisson process at ``rate`` per second, each
+    timed from when it was sent, and how late each was sent (us) after its arrival time.
+
+    NOTE: the event loop's timers wake in whole milliseconds, so at rates over 1,000 per
+    second arrivals go out in small bursts; a late send is reported, not hidden.
+    """
+    rng, latencies, late, tasks = random.Random(seed), [], [], []
+
+    async def one(i: int) -> None:
+        t0 = time.perf_counter()
+        await call(i)
+        latencies.append((time.perf_counter() - t0) * 1e6)
+
+    due = time.perf_counter()
+    for i in range(calls):
+        due += rng.expovariate(rate)
+        wait = due - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        late.append(max(0.0, time.perf_counter() - due) * 1e6)
+        tasks.append(asyncio.ensure_future(one(i)))
+    await asyncio.gather(*tasks)
+    return latencies, late
+
+
 def cuts(us: list[float]) -> tuple[float, float]:
     """p50 and p99 of ``us``."""
     q = statistics.quantiles(us, n=100, method="inclusive")
@@ -142,9 +170,11 @@ OPS = ("generation", "admit (4 candidates)", "branch: generation + admit (2 call
 
 
 async def bench_client(name: str, client: GateClient, calls: int, callers: int,
-                       measured: dict[tuple[str, str], list[float]]) -> list[str]:
-    """Time every op of :data:`OPS` on ``client``; sequential latencies go into ``measured``
-    under ``(name, phase op)`` for the ratio table."""
+                       measured: dict[tuple[str, str], list[float]],
+                       rates: tuple[float, ...] = ()) -> list[str]:
+    """Time every op of :data:`OPS` on ``client``, then ``decide`` open loop at each of
+    ``rates`` per second; latencies go into ``measured`` under ``(name, phase op)`` for the
+    ratio table."""
     await warm(client)
     cands, lines = candidates(), []
     gen = lambda i: client.generation(f"coord{i % 16}", float(i))  # noqa: E731
@@ -157,6 +187,12 @@ async def bench_client(name: str, client: GateClient, calls: int, callers: int,
         us, wall = await phase(call, calls, callers)
         measured[(name.strip(), f"{op}, {callers} callers")] = us
         lines.append(row(f"{name} {op}, {callers} callers", us, len(us) / wall))
+    for rate in rates:
+        us, late = await open_loop(loads[-1], calls, rate)
+        op = f"decide, open loop at {rate:,.0f}/s"
+        measured[(name.strip(), op)] = us
+        lines.append(row(f"{name} {op}", us, rate)
+                     + f"   (sent late: p99 {cuts(late)[1]:,.0f} us)")
     for load in loads:
         await load.drain()
     stats = await client.stats()
@@ -168,10 +204,11 @@ async def bench_client(name: str, client: GateClient, calls: int, callers: int,
 
 
 async def bench_laned(name: str, client, counter: str, how: str, calls: int, callers: int,
-                      measured: dict[tuple[str, str], list[float]]) -> list[str]:
+                      measured: dict[tuple[str, str], list[float]],
+                      rates: tuple[float, ...] = ()) -> list[str]:
     """:func:`bench_client` on a client with a lane, then what its lane carried, and the
     lane closed."""
-    lines = await bench_client(name, client, calls, callers, measured)
+    lines = await bench_client(name, client, calls, callers, measured, rates)
     counts = (await client.stats())["client"]
     lines.append(f"  ({name.strip()}: {counts[counter + '_calls']:,} calls {how}, "
                  f"{counts[counter + '_broken']} broken, {counts[counter + '_unopened']} "
@@ -225,16 +262,19 @@ def ratio_table(measured: dict[tuple[str, str], list[float]], where: str) -> lis
     return lines
 
 
-async def run(calls: int, callers: int) -> list[str]:
+async def run(calls: int, callers: int, rates: tuple[float, ...] = (),
+              snapshot_every: int | None = None) -> list[str]:
     from dynbranch.cluster import GateDeployment
+    from dynbranch.cluster.gate import SNAPSHOT_EVERY
 
     model, config = gate_spec()
     lines = [f"gate decisions ({PROFILE}, {calls:,} calls per phase, fanout 3, audits 2%):"]
     measured: dict[tuple[str, str], list[float]] = {}
     lines += await bench_client("local", LocalGateClient(Gate(model, config)), calls, callers,
-                                measured)
+                                measured, rates)
     with tempfile.TemporaryDirectory(prefix="bench-gate-") as directory:
-        deployment = GateDeployment.start(model, config, directory)
+        deployment = GateDeployment.start(model, config, directory,
+                                          snapshot_every=snapshot_every or SNAPSHOT_EVERY)
         try:
             client = deployment.client(model, config)
             ping = lambda _i: deployment.actor.ping.remote()  # noqa: E731
@@ -245,12 +285,12 @@ async def run(calls: int, callers: int) -> list[str]:
             lines += await bench_client("ray  ", client, calls, callers, measured)
             lines += await bench_laned("stream", deployment.client(model, config, stream=True),
                                        "stream", "over the stream lane", calls, callers,
-                                       measured)
+                                       measured, rates)
             # NOTE: the lane opens at its client's first call, after the other clients'
             # phases (its polling thread must not slow them), and closes before the kill.
             lines += await bench_laned("lane ", deployment.client(model, config, lane=True),
                                        "lane", "through the compiled graph", calls, callers,
-                                       measured)
+                                       measured, rates)
             lines += ["checkpoint:", *await bench_checkpoint(deployment)]
             lines += (ratio_table(measured, "ray") + ratio_table(measured, "stream")
                       + ratio_table(measured, "lane"))
@@ -265,11 +305,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--callers", type=int, default=16)
+    parser.add_argument("--rates", type=float, nargs="*", default=[200.0, 1000.0, 2000.0],
+                        help="decide calls per second, open loop (none: skip that phase)")
+    parser.add_argument("--snapshot-every", type=int, default=None, metavar="ENTRIES",
+                        help="journal entries between the gate actor's snapshots (default: the "
+                             "actor's own, 1,024); a large number leaves them out of the run")
     args = parser.parse_args()
+    if any(r <= 0 for r in args.rates):
+        parser.error(f"--rates must be > 0, got {args.rates}")
+    if args.snapshot_every is not None and args.snapshot_every < 1:
+        parser.error(f"--snapshot-every must be >= 1, got {args.snapshot_every}")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
-        print("\n".join(asyncio.run(run(args.calls, args.callers))))
+        print("\n".join(asyncio.run(run(args.calls, args.callers, tuple(args.rates),
+                                         args.snapshot_every))))
     finally:
         ray.shutdown()
 
