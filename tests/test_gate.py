@@ -387,6 +387,29 @@ def test_release_is_receipt_consuming_and_idempotent_safe(gates):
     release_all(gate, [c])
 
 
+def test_encoded_released_rows_follow_the_rows_the_ledger_remembers(monkeypatch):
+    from dynbranch.gate import reservations
+
+    monkeypatch.setattr(reservations, "RECENTLY_RELEASED", 5)
+    ledger = reservations.KvLedger("gate", 100)
+    receipts = [ledger.try_reserve(COORD, f"c{i}", 2, float(i)) for i in range(9)]
+    for r in receipts[:3]:
+        ledger.release(r)
+    with pytest.raises(RuntimeError, match="encode_rows_with"):
+        ledger.encoded_released()
+    ledger.encode_rows_with(json.dumps)  # NOTE: encodes the three remembered already
+    for r in receipts[3:]:
+        ledger.release(r)
+    rows = ledger.to_state()["released"]
+    assert [row[0] for row in rows] == [4, 5, 6, 7, 8]  # the newest five, in release order
+    assert ledger.encoded_released() == [json.dumps(row) for row in rows]
+    restored = reservations.KvLedger.from_state(json.loads(json.dumps(ledger.to_state())))
+    assert restored.to_state() == ledger.to_state()
+    with pytest.raises(ReservationError):  # a remembered receipt in another form, restored
+        restored.release(replace(receipts[8], blocks=3))
+    assert restored.release(receipts[8]) is False
+
+
 def test_observations_move_the_posteriors(gates):
     gate = gates(fanout=1)
     for _ in range(40):

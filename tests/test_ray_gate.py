@@ -211,6 +211,28 @@ def test_snapshots_written_in_the_background_restore_exactly_and_clear_the_journ
     first._checkpoint.close()
 
 
+def test_a_snapshot_joined_from_rows_packed_once_is_the_snapshot_packed_whole(tmp_path):
+    import msgpack
+
+    from dynbranch.cluster.gate.journal import Packed, pack, pack_snapshot
+
+    model, config = gate_spec()
+    actor = GateActor(model, config, str(tmp_path))
+    asyncio.run(drive(_PlainClient(actor)))
+    taken = asyncio.run(actor.checkpoint())
+    on_disk = (tmp_path / "snapshot.msgpack").read_bytes()
+    snapshot = msgpack.unpackb(on_disk, raw=False, strict_map_key=False)
+    assert taken["bytes"] == len(on_disk) and snapshot["seq"] == taken["seq"]
+    assert snapshot["gate"] == asyncio.run(actor.state())
+    assert snapshot["gate"]["ledger"]["released"] and snapshot["calls"]
+    assert msgpack.packb(snapshot, use_bin_type=True) == on_disk
+    rows = snapshot["calls"]
+    mixed = {"a": 1.5, "calls": Packed([pack(r) for r in rows]), "b": {"c": [1, "x"]},
+             "none": Packed([])}
+    assert pack_snapshot(mixed) == msgpack.packb(
+        {**mixed, "calls": rows, "none": []}, use_bin_type=True)
+
+
 def test_a_snapshot_that_cannot_be_written_loses_nothing_and_says_why(tmp_path, monkeypatch):
     model, config = gate_spec()
     first = GateActor(model, config, str(tmp_path), snapshot_every=7,
@@ -225,7 +247,8 @@ def test_a_snapshot_that_cannot_be_written_loses_nothing_and_says_why(tmp_path, 
 
     monkeypatch.setattr(Path, "write_bytes", full)
     asyncio.run(drive(_PlainClient(first), rounds=20, seed=8))
-    first._checkpoint.flush()
+    with pytest.raises(OSError, match="No space left"):  # NOTE: asked for, it says so
+        asyncio.run(first.checkpoint())
     monkeypatch.undo()
     written = asyncio.run(first.stats())["checkpoint"]["written"]
     assert written["failed"] > 0 and "No space left" in written["error"]

@@ -582,7 +582,7 @@ class Gate:
                 [k, r, *a.posterior.to_state(), a.decisions] for (k, r), a in self._sel.items()
             ],
             "use": [[k, *p.to_state()] for k, p in self._use.items()],
-            "returns": [[coord, *asdict(s).values()] for coord, s in self._returns.items()],
+            "returns": [[coord, s.entries, s.n, s.mean, s.m2] for coord, s in self._returns.items()],
             "counters": dict(self.counters),
             "rng": [version, list(internal), gauss],
             "ledger": self.ledger.to_state(),

@@ -10,6 +10,7 @@ form (another ledger's, a forged or edited copy) is an error.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,10 +46,13 @@ class KvLedger:
         self.reserved = 0
         self._next_id = 0
         self._outstanding: dict[int, Reservation] = {}
-        # NOTE: each released receipt with its state row, built once when it is released:
-        # the gate actor writes all of them in every snapshot, and no call is answered while
-        # it builds one
-        self._released: OrderedDict[int, tuple[Reservation, list[Any]]] = OrderedDict()
+        self._released: OrderedDict[int, Reservation] = OrderedDict()
+        # NOTE: each released receipt's state row, and that row encoded (encode_rows_with),
+        # built once when it is released, in the order of _released: the gate actor writes
+        # all of them in every snapshot, and no call is answered while it builds one
+        self._rows: dict[int, list[Any]] = {}
+        self._encoded: dict[int, Any] = {}
+        self._encode: Callable[[list[Any]], Any] | None = None
 
     @property
     def free(self) -> int:
@@ -88,7 +92,7 @@ class KvLedger:
             )
         held = self._outstanding.get(rid)
         if held is None:
-            earlier, _ = self._released.get(rid, (None, None))
+            earlier = self._released.get(rid)
             if earlier is not None and earlier != receipt:
                 raise ReservationError(
                     f"reservation {rid} was released as {earlier}, not {receipt}"
@@ -98,10 +102,19 @@ class KvLedger:
             raise ReservationError(f"reservation {rid} is {held}, not {receipt}")
         del self._outstanding[rid]
         self.reserved -= receipt.blocks
-        self._released[rid] = (receipt, _row(receipt))
-        if len(self._released) > RECENTLY_RELEASED:
-            self._released.popitem(last=False)
+        self._remember(receipt)
         return True
+
+    def _remember(self, receipt: Reservation) -> None:
+        rid = receipt.reservation_id
+        self._released[rid] = receipt
+        self._rows[rid] = row = _row(receipt)
+        if self._encode is not None:
+            self._encoded[rid] = self._encode(row)
+        if len(self._released) > RECENTLY_RELEASED:
+            oldest, _ = self._released.popitem(last=False)
+            del self._rows[oldest]
+            self._encoded.pop(oldest, None)
 
     # -- serialisation ---------------------------------------------------------------------
 
@@ -113,15 +126,35 @@ class KvLedger:
         :data:`RECENTLY_RELEASED` released receipts, and as ``asdict`` dictionaries they
         took half of a snapshot's time, during which the actor answers no call. The released
         rows are the ones :meth:`release` built, shared with the ledger (not to be edited):
-        building them here took 0.5 ms of a 3.9 ms snapshot.
+        building them here took 0.5 ms of a 3.9 ms snapshot (and see
+        :meth:`encode_rows_with`).
         """
         return {
             "name": self.name,
             "capacity": self.capacity,
             "next_id": self._next_id,
             "outstanding": [_row(r) for r in self._outstanding.values()],
-            "released": [row for _, row in self._released.values()],
+            "released": list(self._rows.values()),
         }
+
+    def encode_rows_with(self, encode: Callable[[list[Any]], Any]) -> None:
+        """Keep each released receipt's state row also as ``encode`` makes it, from now on
+        and for those remembered already (:meth:`encoded_released`).
+
+        NOTE: for the gate actor, whose snapshot writes every remembered receipt: encoding
+        each once, as it is released, leaves a snapshot only the encoded rows to join, where
+        packing 4,096 rows took 0.6 ms while no call was answered. ``encode`` must be pure
+        (a row is encoded once, and never again if it does not change).
+        """
+        self._encode = encode
+        self._encoded = {rid: encode(row) for rid, row in self._rows.items()}
+
+    def encoded_released(self) -> list[Any]:
+        """The released rows of :meth:`to_state`, in its order, as :meth:`encode_rows_with`'s
+        ``encode`` made them."""
+        if self._encode is None:
+            raise RuntimeError("encoded_released() needs encode_rows_with() first")
+        return list(self._encoded.values())
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> KvLedger:
@@ -133,8 +166,7 @@ class KvLedger:
             ledger._outstanding[receipt.reservation_id] = receipt
             ledger.reserved += receipt.blocks
         for r in state["released"]:
-            receipt = _receipt(name, r)
-            ledger._released[receipt.reservation_id] = (receipt, _row(receipt))
+            ledger._remember(_receipt(name, r))
         return ledger
 
 
