@@ -84,8 +84,7 @@ class GateDeployment:
                 num_cpus=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
             )
-            .remote(model, config, str(path), snapshot_every=snapshot_every, freeze_heap=True,
-                    background_snapshots=True)
+            .remote(model, config, str(path), snapshot_every=snapshot_every, freeze_heap=True)
         )
         return cls(actor, name, path, model, config, owns)
 
