@@ -287,7 +287,7 @@ def main() -> None:
         ray_base = {**base, "requests": args.ray_requests}
         ray_engine_sweep(points, args.ray_engines or values["engines"], ray_base, args.arm,
                          args.store_mb)
-    fit_all(points.points)  # NOTE: says the fits; failed points are left out
+    fit_all(points.points)  # NOTE: prints the fits; it leaves the failed points out itself
     wrote = f"{out}/points.json"
     if points.measured():
         plot(points.measured(), out / "scale.png")

@@ -21,7 +21,7 @@ second). While a snapshot is taken no call is answered, so it is kept short: eac
 remembered receipt's and reply's row is built and packed once, when it is released or
 remembered, and a snapshot joins them with the rest of the gate's state
 (:class:`~dynbranch.cluster.gate.journal.Packed`). In ``bench_gate_ray.py`` that took a
-snapshot from 6.8-8.0 ms to 2.0 ms on average. A snapshot that cannot be written (a full
+snapshot from 6.8-8.9 ms to 1.9-2.1 ms on average. A snapshot that cannot be written (a full
 disk) fails no call: the journal keeps every entry, the actor's stats say why, and the
 next is tried :data:`SNAPSHOT_EVERY` entries later.
 
