@@ -262,7 +262,8 @@ class ReplayResult:
 
 
 def run_replay(prepared: Prepared, backend: Backend | None = None, *,
-               keep_log: bool = True) -> ReplayResult:
+               keep_log: bool = True,
+               on_finished: Callable[[RequestRecord], None] | None = None) -> ReplayResult:
     """Run a prepared replay to the end (or to an interrupt) and write its results.
 
     Rows stream to ``out/parts/`` while it runs (:mod:`dynbranch.resultlog`); at the end the
@@ -273,6 +274,8 @@ def run_replay(prepared: Prepared, backend: Backend | None = None, *,
     (the returned orchestrator's log then holds none) and the launcher takes the request
     instances over, letting each go when its request ends (``prepared.instances`` is empty
     afterwards): a long run keeps nothing per finished request but its request row.
+    ``on_finished`` is called with each request's record as the request ends (after its row
+    is streamed), on the run's event loop: what a benchmark reads while the run goes on.
     """
     from dynbranch.results import report, summarize
 
@@ -285,7 +288,7 @@ def run_replay(prepared: Prepared, backend: Backend | None = None, *,
                   f"writing its files; moved them to {out.child(aside)}/{PARTS} (read them "
                   f"with dynbranch.resultlog.read_partial)", file=sys.stderr)
         backend = backend or make_backend(cfg, clock)
-        state = _RunState(keep_log=keep_log)
+        state = _RunState(keep_log=keep_log, on_finished=on_finished)
         # NOTE: writing the results stays inside the tuned collector: out of it, the first
         # allocations of the frames and files collected the whole heap the run had grown.
         with collector_for_replay():
@@ -339,6 +342,7 @@ class _RunState:
     """What a run leaves behind, however it ended."""
 
     keep_log: bool = True
+    on_finished: Callable[[RequestRecord], None] | None = None
     orch: Orchestrator | None = None
     stream: ResultStream | None = None
     records: list[RequestRecord] = field(default_factory=list)
@@ -389,7 +393,7 @@ async def _serve(prepared: Prepared, backend: Backend, state: _RunState,
                                      measured_split=cfg.split)
         await orch.branch_hook.prepopulate(prepared.workload, prepared.data, cfg.seed,
                                            split=cfg.split, requests=cfg.requests)
-        outcome = await _launch(prepared, orch, state.stream, interruption)
+        outcome = await _launch(prepared, orch, state.stream, interruption, state.on_finished)
         interruption.disarm()
         state.records, state.not_started = outcome.records, outcome.not_started
         state.launch = outcome.counts
@@ -440,7 +444,8 @@ def workload_key(prepared: Prepared) -> tuple[Any, ...] | None:
 
 
 async def _launch(prepared: Prepared, orch: Orchestrator, stream: ResultStream,
-                  interruption: Interruption) -> LaunchOutcome:
+                  interruption: Interruption,
+                  on_finished: Callable[[RequestRecord], None] | None = None) -> LaunchOutcome:
     cfg = prepared.config
     bar = _progress_bar(len(prepared.instances), cfg)
     failed = 0
@@ -452,6 +457,8 @@ async def _launch(prepared: Prepared, orch: Orchestrator, stream: ResultStream,
             failed += 1
             bar.set_postfix(failed=failed, refresh=False)
         bar.update(1)
+        if on_finished is not None:
+            on_finished(record)
 
     instances, release = prepared.instances, not stream.keep
     if release:  # NOTE: handed over, so a finished request's instance can be let go
