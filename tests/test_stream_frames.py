@@ -139,3 +139,96 @@ def test_a_connection_that_sends_garbage_ends_alone_and_the_server_serves_on():
     ended, raw, served = asyncio.run(main())
     assert ended == b"" and served == ["a", 1]
     assert raw == [[7, 0, ["b", [2, 3]]], [8, 0, ["c", None]]]
+
+
+class _Slow(_Transport):
+    """A transport whose write buffer stays over the flush mark until told it drained."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffered = 0
+        self.reading = True
+
+    def write(self, data) -> None:
+        super().write(data)
+        self.buffered = 2 << 20
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+def _inline_connection(handler, transport):
+    """An inline server's protocol for one connection, past its token."""
+    server = LaneServer(handler, inline=True)
+    server.allow(TOKEN)
+    loop = asyncio.new_event_loop()
+    try:
+        connection = server._connection(loop)
+        connection.connection_made(transport)
+        connection.data_received(_frame(TOKEN))
+        assert transport.written == [_frame(b"ok")]
+        transport.written.clear()
+        return connection, loop
+    except BaseException:
+        loop.close()
+        raise
+
+
+def test_an_inline_server_answers_the_calls_of_one_read_in_one_write_in_order():
+    ran = []
+
+    def handler(method, arg):
+        ran.append(method)
+        if method == "bad":
+            raise ValueError("no such call")
+        if method == "unsendable":
+            return object()
+        return [method, arg]
+
+    transport = _Transport()
+    connection, loop = _inline_connection(handler, transport)
+    try:
+        connection.data_received(_frame([1, "a", 1]) + _frame([2, "bad", None])
+                                 + _frame([3, "unsendable", None]) + _frame([4, "b", [2]]))
+        # NOTE: each call ran in the callback that read it: no task, no turn of the loop
+        assert ran == ["a", "bad", "unsendable", "b"] and len(transport.written) == 1
+        unpacker = msgpack.Unpacker()
+        unpacker.feed(_strip_lengths(transport.written[0]))
+        replies = list(unpacker)
+        assert [r[:2] for r in replies] == [[1, 0], [2, 1], [3, 1], [4, 0]]
+        assert replies[0][2] == ["a", 1] and replies[3][2] == ["b", [2]]
+        assert replies[1][2]["type"] == "ValueError" and replies[2][2]["type"] == "TypeError"
+        connection.data_received(_frame([5, "c", None])[:3])  # NOTE: half a frame: no reply
+        assert len(transport.written) == 1
+    finally:
+        loop.close()
+
+
+def _strip_lengths(data: bytes) -> bytes:
+    out, at = b"", 0
+    while at < len(data):
+        (n,) = struct.unpack_from("!I", data, at)
+        out += data[at + 4:at + 4 + n]
+        at += 4 + n
+    return out
+
+
+def test_an_inline_server_reads_no_more_calls_until_its_replies_drain():
+    transport = _Slow()
+    connection, loop = _inline_connection(lambda method, arg: arg, transport)
+    try:
+        transport.written.clear()
+        connection.data_received(_frame([1, "a", b"x" * 10]))
+        assert len(transport.written) == 1 and not transport.reading
+        connection.pause_writing()
+        transport.buffered = 0
+        connection.resume_writing()
+        assert transport.reading and not connection.reading_paused
+    finally:
+        loop.close()

@@ -57,6 +57,9 @@ _FLUSH_AT = 1 << 20
 
 Handler = Callable[[str, Any], Awaitable[Any]]
 """The actor's side of a lane: ``(method, argument) -> reply``, both msgpack-able."""
+InlineHandler = Callable[[str, Any], Any]
+"""An actor's side that never waits: ``(method, argument) -> reply``, run where its frame is
+read (:class:`LaneServer` with ``inline=True``)."""
 Errors = Callable[[str, dict[str, Any]], Exception]
 """The caller's side of errors: ``(request_id, error row) -> the exception to raise``."""
 
@@ -81,6 +84,14 @@ def _frame(value: Any) -> bytes:
     return _LENGTH.pack(len(body)) + body
 
 
+def _reply_frame(call_id: int, reply: list) -> bytes:
+    """``reply``'s frame; a reply msgpack cannot encode goes back as that error instead."""
+    try:
+        return _frame(reply)
+    except (TypeError, ValueError, OverflowError) as e:
+        return _frame([call_id, 1, error_row(e)])
+
+
 class _Frames(asyncio.Protocol):
     """One connection's frames, each handed to ``on_frame`` as soon as its last byte is read,
     in the transport's own callback.
@@ -93,11 +104,14 @@ class _Frames(asyncio.Protocol):
     """
 
     def __init__(self, on_frame: Callable[[Any], None],
-                 on_lost: Callable[[str], None]) -> None:
+                 on_lost: Callable[[str], None],
+                 on_read: Callable[[], None] | None = None) -> None:
         self.on_frame, self.on_lost = on_frame, on_lost
+        self.on_read = on_read  # NOTE: after the frames of one read were handed over
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._paused = False
+        self.reading_paused = False  # NOTE: paused by its owner until the writes drain
         self._drained: list[asyncio.Future] = []
         self.lost: str | None = None
 
@@ -124,6 +138,8 @@ class _Frames(asyncio.Protocol):
         except (ValueError, TypeError, msgpack.UnpackException) as e:
             # NOTE: a malformed frame ends the connection; the other side sees it end
             self.abort(f"{type(e).__name__}: {e}")
+        if self.on_read is not None and self.lost is None:
+            self.on_read()
 
     def abort(self, reason: str) -> None:
         """End the connection now (its pending writes dropped), for ``reason``."""
@@ -146,6 +162,9 @@ class _Frames(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        if self.reading_paused and self.transport is not None:
+            self.reading_paused = False
+            self.transport.resume_reading()
         for waiter in self._drained:
             if not waiter.done():
                 waiter.set_result(None)
@@ -167,10 +186,20 @@ class _Frames(asyncio.Protocol):
 
 class LaneServer:
     """The actor's side: calls from authenticated connections, each run as its own task on
-    the loop the server was started on (so calls overlap as concurrent actor calls do)."""
+    the loop the server was started on (so calls overlap as concurrent actor calls do).
 
-    def __init__(self, handler: Handler) -> None:
+    With ``inline``, ``handler`` is an :data:`InlineHandler`, for an actor whose calls never
+    wait (the gate's: each runs to completion under its lock). Each call then runs in the
+    callback that read its frame, with no task of its own, and the replies to the calls of
+    one read leave in one write once all of them have run. Calls that arrive together (the
+    branches of a busy run) are answered without a turn of the loop per call or a system
+    call per reply. While the replies wait for the socket to drain, the connection reads no
+    more calls.
+    """
+
+    def __init__(self, handler: Handler | InlineHandler, *, inline: bool = False) -> None:
         self._handler = handler
+        self.inline = inline
         self._tokens: set[bytes] = set()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -217,18 +246,41 @@ class LaneServer:
             if type(frame) is not list or len(frame) != 3:
                 connection.abort("a malformed call")
                 return
+            if self.inline:
+                replies.append(self._run_inline(*frame))
+                return
             task = loop.create_task(self._call(connection, *frame))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+        def on_read() -> None:
+            if not replies:
+                return
+            self._write(connection, b"".join(replies))
+            replies.clear()
+            transport = connection.transport
+            if (transport is not None and not transport.is_closing()
+                    and transport.get_write_buffer_size() > _FLUSH_AT):
+                connection.reading_paused = True  # NOTE: until resume_writing
+                transport.pause_reading()
 
         def on_lost(_reason: str) -> None:
             timer.cancel()
             self._connections.discard(connection)
 
-        connection = _Frames(on_frame, on_lost)
+        replies: list[bytes] = []  # NOTE: inline: this read's replies, written at its end
+        connection = _Frames(on_frame, on_lost, on_read if self.inline else None)
         timer = loop.call_later(OPEN_TIMEOUT_S, connection.abort, "no token in time")
         self._connections.add(connection)
         return connection
+
+    def _run_inline(self, call_id: int, method: str, arg: Any) -> bytes:
+        """One call run now, by an inline handler: its reply frame."""
+        try:
+            reply = [call_id, 0, self._handler(method, arg)]
+        except Exception as e:  # NOTE: the handler's error goes back to the caller
+            reply = [call_id, 1, error_row(e)]
+        return _reply_frame(call_id, reply)
 
     @staticmethod
     def _write(connection: _Frames, frame: bytes) -> None:
@@ -241,11 +293,7 @@ class LaneServer:
             reply = [call_id, 0, await self._handler(method, arg)]
         except Exception as e:  # NOTE: the handler's error goes back to the caller
             reply = [call_id, 1, error_row(e)]
-        try:
-            frame = _frame(reply)
-        except (TypeError, ValueError, OverflowError) as e:
-            frame = _frame([call_id, 1, error_row(e)])
-        self._write(connection, frame)
+        self._write(connection, _reply_frame(call_id, reply))
         with contextlib.suppress(ConnectionError, OSError):
             await connection.flush()
 

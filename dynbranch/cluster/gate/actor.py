@@ -199,10 +199,9 @@ class GateActor:
         like every call, so each still runs to completion, one at a time.
         """
         if self._stream is None:
-            async def handle(method: str, arg: list) -> Any:
-                return self._stream_run(method, arg)
-
-            self._stream = LaneServer(handle)
+            # NOTE: inline: a gate call never waits, so it runs where its frame is read, and
+            # the replies to the calls of one read leave in one write
+            self._stream = LaneServer(self._stream_run, inline=True)
         address = await listen(self._stream, token, in_thread=True)
         self._freeze()
         return address
