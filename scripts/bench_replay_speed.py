@@ -86,9 +86,6 @@ class Spans:
         self._sim = 0.0
         self._mark = (time.perf_counter(), time.process_time(), 0.0, 0, 0)
 
-    def start(self) -> None:
-        self._mark = (time.perf_counter(), time.process_time(), 0.0, 0, 0)
-
     def finished(self, record: RequestRecord) -> None:
         self._done += 1
         self._new += bool(self.new and self.new.get(record.request_id))
@@ -150,8 +147,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                            profile=args.profile, store_mb=args.store_mb, out=out,
                            progress=False)
         prepared = prepare(cfg, progress=lambda _m: None)
-        spans = Spans(args.every, new_flags(prepared.instances))
-        spans.start()
+        spans = Spans(args.every, new_flags(prepared.instances))  # NOTE: the clock starts here
         summary = run_replay(prepared, keep_log=False, on_finished=spans.finished).summary
         spans.close_span()
     fit = fit_costs(spans.rows)
