@@ -235,7 +235,14 @@ _TURNS: dict[tuple[str, tuple[str, ...], str], _TurnFeatures] = {}
 
 
 class RoutingRequest(RequestInstance):
-    """A request built from one BFCL record, with its own API instances."""
+    """A request built from one BFCL record, with its own API instances.
+
+    NOTE: what a request builds from its record (its API instances, the recorded calls'
+    names) is built when it is first used, not when the request is made: a replay makes
+    every request of its trace before the first arrives, and built eagerly they held about
+    4 KB each (a 50,000-request trace 200 MB) for requests that had not started. The APIs
+    draw from their own seeded generators, so when they are built does not change a run.
+    """
 
     template = TEMPLATE
 
@@ -244,26 +251,40 @@ class RoutingRequest(RequestInstance):
         shared: tuple[str, ApiState] | None = None, decode: DecodeModel = RECORDED,
     ) -> None:
         self.request_id, self.record, self._suite = request_id, record, suite
-        self.decode = decode
+        self.decode, self._tool_time = decode, tool_time
         self.candidates = (*record.function_names, END_OF_TURN)
-        self.functions = [dict(f) for f in record.functions]
+        self._state: ApiState | None = None
+        self._tool: Tool | None = None
         if record.multi_turn and shared is not None:
-            owner, self.state = shared  # a workspace other requests read and write too
-            self._tool: Tool = ApiTool(request_id, self.state, tool_time, owner=owner)
+            owner, self._state = shared  # a workspace other requests read and write too
+            self._tool = ApiTool(request_id, self._state, tool_time, owner=owner)
             self.scope = {"shared": owner, "classes": list(record.classes)}
         elif record.multi_turn:
-            self.state = ApiState(suite, record.classes, record.initial_config,
-                                  record.long_context)
-            self._tool = ApiTool(request_id, self.state, tool_time)
             self.scope = None  # rendered per call from the state's lineage
         else:
-            self.state = None
-            self._tool = SchemaTool(record, tool_time)
             self.scope = {"record": record.id}  # validation is pure: shareable across requests
-        self._names = [[_name(c) for c in turn] for turn in record.recorded]
         # open router branch -> (turn, calls so far, history, functions offered)
         self._open: dict[BranchCoordinate, tuple[str, list, list, tuple[str, ...]]] = {}
         self._truth: tuple[list[list[Any]], list[dict]] | None = None
+
+    @property
+    def state(self) -> ApiState | None:
+        """The API instances this request's calls run on (``None`` for a single-turn record):
+        its own, loaded with the record's initial configuration, or a shared workspace."""
+        if self._state is None and self.record.multi_turn:
+            r = self.record
+            self._state = ApiState(self._suite, r.classes, r.initial_config, r.long_context)
+        return self._state
+
+    @property
+    def functions(self) -> list[dict[str, Any]]:
+        """The record's function documents, as plain dicts."""
+        return [dict(f) for f in self.record.functions]
+
+    @cached_property
+    def _names(self) -> list[list[str]]:
+        """The names of the functions each turn's recorded calls name."""
+        return [[_name(c) for c in turn] for turn in self.record.recorded]
 
     # -- control flow -------------------------------------------------------------------------
 
@@ -508,6 +529,9 @@ class RoutingRequest(RequestInstance):
     def tool(self, name: str) -> Tool:
         if name != TOOL_NAME:
             raise KeyError(f"routing requests have one tool, {TOOL_NAME!r}; asked for {name!r}")
+        if self._tool is None:
+            self._tool = (ApiTool(self.request_id, self.state, self._tool_time)
+                          if self.record.multi_turn else SchemaTool(self.record, self._tool_time))
         return self._tool
 
     # -- replay -------------------------------------------------------------------------------
