@@ -97,6 +97,8 @@ class SpliceAudit:
         self._seq = 0
         self._effects: dict[str, _Effects] = defaultdict(_Effects)
         self._productions: dict[tuple[str, str], list[_Call]] = defaultdict(list)
+        self._digests: dict[str, str] = {}  # value digests seen, each kept once
+        self._reads: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}  # read-sets, once
 
     def mark(self) -> int:
         """A point in the witnessed order: everything seen so far is at or before it."""
@@ -147,7 +149,18 @@ class SpliceAudit:
 
     def _next(self, call: StageCall, at: float, digest: str, reads: Mapping[str, str]) -> _Call:
         self._seq += 1
-        return _Call(self._seq, at, call.request_id, digest, dict(reads))
+        # NOTE: the witness keeps every call it saw, and most calls repeat an earlier one's
+        # value and reads (a request repeated, a read-only turn): those share one string and
+        # one mapping, so what the witness holds per call is the call's own seq and time.
+        digest = self._digests.setdefault(digest, digest)
+        items = tuple(reads.items())
+        try:
+            kept = self._reads.get(items)
+            if kept is None:
+                kept = self._reads[items] = dict(reads)
+        except TypeError:  # NOTE: an unhashable version: kept as its own copy
+            kept = dict(reads)
+        return _Call(self._seq, at, call.request_id, digest, kept)
 
     def _wrote(self, resource: str, seen: _Call, version: str | None) -> None:
         effects = self._effects[resource]
