@@ -60,6 +60,7 @@ from workloads.routing.schema import (
     plausible_call,
     validate_call,
 )
+from workloads.routing.template import TOOL_NAME
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bfcl"
 REPO = Path(__file__).resolve().parent.parent
@@ -396,6 +397,29 @@ def test_requests_have_their_own_api_state():
     run(same[0])
     assert same[0].state.versions["GorillaFileSystem"] > 0
     assert same[1].state.versions["GorillaFileSystem"] == 0
+
+
+def test_a_request_builds_its_apis_when_first_used(monkeypatch):
+    # NOTE: a replay makes every request of its trace before the first arrives: built
+    # eagerly, a Routing request's APIs held about 4 KB each for requests not started
+    built = []
+    original = ApiState.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ApiState, "__init__", counted)
+    requests = fixture_requests(n=6, seed=0)
+    assert built == []  # making the trace builds no API instance
+    request = by_record(requests, "multi_turn_base_1")
+    tool = request.tool(TOOL_NAME)
+    assert built == [request.state] and tool.state is request.state
+    assert request.state is request.state and request.tool(TOOL_NAME) is tool
+    single = next(r for r in requests if not r.record.multi_turn)
+    assert single.state is None and single.tool(TOOL_NAME) is single.tool(TOOL_NAME)
+    assert len(built) == 1
+    assert request.functions == [dict(f) for f in request.record.functions]
 
 
 # -- the template and the workflow ------------------------------------------------------------

@@ -173,3 +173,27 @@ def test_the_splice_checker_judges_served_stages_by_its_own_timeline():
     assert verdict(red, audit.mark(), Rerun(red, {RESOURCE: "2"})) == UNSAFE  # moved unseen
     audit.raised(store, WriteSet(unbounded=True), 0.4)
     assert verdict(red, audit.mark(), Rerun(red, {RESOURCE: "1"})) == UNSAFE  # may be changed
+
+
+def test_the_splice_checker_keeps_a_repeated_value_and_read_set_once():
+    from dynbranch.audit import SAFE, Rerun, SpliceAudit
+    from dynbranch.canonical import value_digest
+    from dynbranch.runtime.execution import RequestState
+    from dynbranch.workload import ToolResult
+
+    kv = SharedKV({"colour": "blue"})
+    audit = SpliceAudit()
+    calls = [RequestState(ReadRequest(f"r{i}", kv, "colour")).render("lookup", "tool",
+                                                                     {"key": "colour"})
+             for i in range(3)]
+    reads = {RESOURCE: "0"}
+    for i, call in enumerate(calls):
+        audit.called(call, ToolResult("blue", reads=reads), 0.1 * (i + 1))
+    reads[RESOURCE] = "9"  # NOTE: the tool's mapping changing later changes nothing kept
+    (seen,) = audit._productions.values()
+    assert [p.request_id for p in seen] == ["r0", "r1", "r2"]
+    assert seen[0].digest is seen[1].digest is seen[2].digest
+    assert seen[0].reads is seen[2].reads and dict(seen[0].reads) == {RESOURCE: "0"}
+    verdict = audit.check(calls[0], value_digest("blue"), audit.mark(),
+                          Rerun(value_digest("blue"), {RESOURCE: "0"}))
+    assert verdict.verdict == SAFE and "r2" in verdict.note  # the latest producer
