@@ -53,7 +53,7 @@ from dynbranch.runtime.run import (
     default_fanout,
 )
 from dynbranch.runtime.runlog import RequestRecord
-from dynbranch.workload import DataConfig, RequestInstance, Workload
+from dynbranch.workload import DataConfig, LazyTrace, RequestInstance, Workload
 
 
 @dataclass(frozen=True)
@@ -462,7 +462,10 @@ async def _launch(prepared: Prepared, orch: Orchestrator, stream: ResultStream,
 
     instances, release = prepared.instances, not stream.keep
     if release:  # NOTE: handed over, so a finished request's instance can be let go
-        instances, prepared.instances = list(instances), ()
+        # NOTE: a lazy trace is handed over as it is: listing it would make every request
+        # before the first arrives
+        owned = instances if isinstance(instances, LazyTrace) else list(instances)
+        instances, prepared.instances = owned, ()
     launcher = Launcher(orch, prepared.clock, instances, prepared.arrivals,
                         prepared.options.admission, default_tenant=cfg.tenant,
                         finished=finished, interruption=interruption, release=release)

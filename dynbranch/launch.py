@@ -23,7 +23,7 @@ from dynbranch.errors import AdmissionRejected, RunInterrupted
 from dynbranch.orchestrator import Orchestrator
 from dynbranch.runtime.run import AdmissionOptions
 from dynbranch.runtime.runlog import RequestRecord
-from dynbranch.workload import RequestInstance
+from dynbranch.workload import LazyTrace, RequestInstance
 
 
 class Interruption:
@@ -89,7 +89,8 @@ class Launcher:
     ``finished`` hears of every record as soon as it exists (the result stream, the
     progress bar); ``default_tenant`` is the tenant when ``admission.tenants`` is 1.
 
-    With ``release`` the launcher owns ``instances`` (a list it may change): a request's
+    With ``release`` the launcher owns ``instances`` (a list or a
+    :class:`~dynbranch.workload.LazyTrace` it may change): a request's
     instance is dropped from it once the request has ended, so what a finished request
     held (its conversation, its outcome) does not stay in memory for the rest of the run.
     """
@@ -109,8 +110,8 @@ class Launcher:
     ) -> None:
         if len(instances) != len(arrivals):
             raise ValueError(f"{len(instances)} instances for {len(arrivals)} arrivals")
-        if release and not isinstance(instances, list):
-            raise TypeError(f"release needs the instances as a list it owns, "
+        if release and not isinstance(instances, list | LazyTrace):
+            raise TypeError(f"release needs the instances as a list or a LazyTrace it owns, "
                             f"not a {type(instances).__name__}")
         self.release = release
         self.orch, self.clock, self.admission = orch, clock, admission

@@ -224,6 +224,61 @@ class RequestInstance(ABC):
         """Accuracy of the outcome in [0, 1] against the data set's ground truth."""
 
 
+_UNMADE = object()
+
+
+class LazyTrace(Sequence[RequestInstance]):
+    """A workload's trace whose requests are made when first read, then kept.
+
+    A replay draws every request of its trace before the first one arrives. Made then, a
+    long trace's requests that have not started hold memory in proportion to its length
+    (Routing: 631 bytes each, 32 MB for 50,000); made here at first read, the trace holds
+    one pointer per request until then. ``make(i)`` makes request ``i`` (the draw that
+    decides it was made up front), so when a request is made changes nothing about it.
+
+    The one change allowed is letting a read request go, ``trace[i] = None``, which the
+    launcher does once the request has ended (it reads as ``None`` from then on, as an
+    entry of a list would).
+    """
+
+    __slots__ = ("_items", "_make")
+
+    def __init__(self, n: int, make: Callable[[int], RequestInstance]) -> None:
+        self._make = make
+        self._items: list[Any] = [_UNMADE] * n
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._items)))]
+        item = self._items[i]  # NOTE: raises IndexError as a list does
+        if item is _UNMADE:
+            item = self._items[i] = self._make(i % len(self._items))
+        return item
+
+    def __setitem__(self, i: int, value: None) -> None:
+        if value is not None:
+            raise TypeError(f"a trace's request can only be let go (set to None), "
+                            f"not replaced by a {type(value).__name__}")
+        self._items[i] = None
+
+    def __add__(self, other: Sequence[Any]) -> list[Any]:
+        """A list of both (every request of this trace made), as a list's ``+`` gives."""
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[Any]) -> list[Any]:
+        return [*other, *self]
+
+    def made(self) -> int:
+        """How many requests were made and are still held."""
+        return sum(1 for item in self._items if item is not _UNMADE and item is not None)
+
+    def __repr__(self) -> str:
+        return f"LazyTrace({len(self._items)} requests, {self.made()} held)"
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where workloads read data from and cache what they fetch."""

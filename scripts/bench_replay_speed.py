@@ -29,6 +29,7 @@ replay's own result files go to ``DIR/replay`` (else to a temporary directory).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import sys
@@ -63,16 +64,23 @@ def rss_mb() -> float:
 
 def new_flags(instances: Sequence[Any]) -> dict[str, bool] | None:
     """Request id -> whether its input is the first of its kind in arrival order (``None``
-    when the workload's requests have no input to compare)."""
+    when the workload's requests have no input to compare).
+
+    NOTE: give it a trace of its own (the workload's ``requests`` again): it lets each
+    request go once read, so the replay's lazily made trace is not made ahead of the run
+    (which would put every request in memory before the first arrives)."""
     seen: set[str] = set()
     flags = {}
-    for instance in instances:
+    for i in range(len(instances)):
+        instance = instances[i]
         request_input = instance.request_input()
         if request_input is None:
             return None
         key = digest(request_input)
         flags[instance.request_id] = key not in seen
         seen.add(key)
+        with contextlib.suppress(TypeError):  # NOTE: a tuple keeps its requests
+            instances[i] = None  # type: ignore[index]
     return flags
 
 
@@ -147,7 +155,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                            profile=args.profile, store_mb=args.store_mb, out=out,
                            progress=False)
         prepared = prepare(cfg, progress=lambda _m: None)
-        spans = Spans(args.every, new_flags(prepared.instances))  # NOTE: the clock starts here
+        cfg = prepared.config
+        trace = prepared.workload.requests(prepared.data, cfg.requests, cfg.seed, cfg.split)
+        spans = Spans(args.every, new_flags(trace))  # NOTE: the clock starts here
         summary = run_replay(prepared, keep_log=False, on_finished=spans.finished).summary
         spans.close_span()
     fit = fit_costs(spans.rows)

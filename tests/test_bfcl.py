@@ -37,7 +37,7 @@ from dynbranch.errors import (
     UnknownNameError,
 )
 from dynbranch.workflow import BranchCoordinate
-from dynbranch.workload import DataConfig, MeasuredCost, ModelledCost
+from dynbranch.workload import DataConfig, LazyTrace, MeasuredCost, ModelledCost
 from workloads import WORKLOAD_NAMES, get_workload
 from workloads.routing import (
     END_OF_TURN,
@@ -420,6 +420,35 @@ def test_a_request_builds_its_apis_when_first_used(monkeypatch):
     assert single.state is None and single.tool(TOOL_NAME) is single.tool(TOOL_NAME)
     assert len(built) == 1
     assert request.functions == [dict(f) for f in request.record.functions]
+
+
+def test_a_trace_makes_each_request_when_first_read_in_any_order():
+    """The trace is a LazyTrace: nothing made until read, each request made once and then
+    the same object, made alike whatever order it is read in (shared workspaces too), and
+    let go only by setting it to None."""
+    forward = fixture_requests(n=9, seed=4, shared_state=True)
+    backward = fixture_requests(n=9, seed=4, shared_state=True)
+    assert isinstance(forward, LazyTrace) and forward.made() == backward.made() == 0
+    a = list(forward)
+    b = [backward[i] for i in reversed(range(9))][::-1]
+    assert forward.made() == backward.made() == 9
+    assert [r.request_id for r in a] == [r.request_id for r in b]
+    assert [r.request_input() for r in a] == [r.request_input() for r in b]
+    assert [r.scope for r in a] == [r.scope for r in b]
+
+    def sharing(trace):  # NOTE: per request, the positions of those sharing its workspace
+        return [[j for j, x in enumerate(trace) if x._state is r._state]
+                for r in trace if r.scope is not None and "shared" in r.scope]
+
+    assert sharing(a) == sharing(b) and any(len(group) > 1 for group in sharing(a))
+    assert forward[-1] is forward[8] is a[8] and forward[2:4] == a[2:4]
+    assert forward + [None] == [*a, None] and [None] + forward == [None, *a]
+    forward[3] = None
+    assert forward[3] is None and forward.made() == 8
+    with pytest.raises(TypeError, match="let go"):
+        forward[4] = a[5]
+    with pytest.raises(IndexError):
+        forward[9]
 
 
 # -- the template and the workflow ------------------------------------------------------------

@@ -17,6 +17,7 @@ from dynbranch.errors import (
     UnknownNameError,
 )
 from dynbranch.results import SUMMARY_FIELDS
+from dynbranch.workload import LazyTrace
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bfcl"
 
@@ -100,6 +101,28 @@ def test_a_lean_run_lets_each_finished_request_instance_go(tmp_path):
     run_replay(kept)
     gc.collect()
     assert all(r() is not None for r in refs) and len(kept.instances) == 12
+
+
+def test_a_lean_run_makes_each_request_when_it_arrives(tmp_path):
+    """A Routing trace is made lazily: preparing a run makes no request; a lean run makes
+    each as it arrives and lets it go as it ends, so the trace never holds more requests
+    than are in flight (a long trace's waiting requests take no memory); and the rows are
+    those of a run whose trace was made in full before it started."""
+    lean = prepare(_cfg(tmp_path, out=tmp_path / "lean", arm="full"), lambda _m: None)
+    trace = lean.instances
+    assert isinstance(trace, LazyTrace) and len(trace) == 12 and trace.made() == 0
+    held: list[int] = []
+    result = run_replay(lean, keep_log=False, on_finished=lambda _r: held.append(trace.made()))
+    assert result.summary["completed"] == 12 and trace.made() == 0
+    assert len(held) == 12 and max(held) < 12
+    full = prepare(_cfg(tmp_path, out=tmp_path / "full", arm="full"), lambda _m: None)
+    made = list(full.instances)  # NOTE: every request made before the run starts
+    assert full.instances.made() == 12 and len({id(r) for r in made}) == 12
+    run_replay(full, keep_log=False)
+    for name in ("requests", "stages", "branches"):
+        x = pd.read_parquet(tmp_path / "lean" / f"{name}.parquet")
+        y = pd.read_parquet(tmp_path / "full" / f"{name}.parquet")
+        pd.testing.assert_frame_equal(x, y)
 
 
 @pytest.mark.parametrize("kw,error,match", [

@@ -26,7 +26,7 @@ from pathlib import Path
 from dynbranch.datasets import require_dataset
 from dynbranch.decode_lengths import check_mode, choose
 from dynbranch.errors import ConfigError, DataError
-from dynbranch.workload import DataConfig, Workload
+from dynbranch.workload import DataConfig, LazyTrace, Workload
 from workloads.hci.decode import HCI_DECODE
 from workloads.hci.episodes import Episode, Usability, classify_all
 from workloads.hci.request import HCIRequest
@@ -158,17 +158,11 @@ class HCIWorkload(Workload):
             raise DataError(f"hci: the {split} split of {loaded.data.root} has no usable episodes")
         versions = ServiceVersions()
         decode = choose(self.decode_lengths, HCI_DECODE)
-        return [
-            HCIRequest(
-                f"hci-{i:05d}-{ep.pair_id}",
-                ep,
-                loaded.db,
-                versions,
-                seed,
-                self.think,
-                self.tool_time,
-                decode,
-                self.prefix_warmup,
-            )
-            for i, ep in enumerate(draw(pool, n, seed))
-        ]
+        drawn = draw(pool, n, seed)
+
+        def make(i: int) -> HCIRequest:
+            ep = drawn[i]
+            return HCIRequest(f"hci-{i:05d}-{ep.pair_id}", ep, loaded.db, versions, seed,
+                              self.think, self.tool_time, decode, self.prefix_warmup)
+
+        return LazyTrace(len(drawn), make)  # NOTE: each made at first read (its arrival)

@@ -23,7 +23,7 @@ from pathlib import Path
 from dynbranch.datasets import require_dataset
 from dynbranch.decode_lengths import choose
 from dynbranch.errors import MalformedRecordError
-from dynbranch.workload import DataConfig
+from dynbranch.workload import DataConfig, LazyTrace
 from workloads.musique import DEV_FULL, TRAIN_FULL, MusiqueRecord, draw, load_full
 from workloads.react.base import MusiqueWorkload
 from workloads.react.lengths import REACT_DECODE
@@ -79,13 +79,11 @@ class ReActWorkload(MusiqueWorkload):
     ) -> Sequence[ReActRequest]:
         loaded, pool = self.load(data), self.pool(data, n, split)
         decode = choose(self.decode_lengths, REACT_DECODE)
-        return [
-            ReActRequest(
-                f"react-{i:05d}-{r.id}",
-                r,
-                RetrieveTool(loaded.index, self.tool_time),
-                self.top_k,
-                decode,
-            )
-            for i, r in enumerate(draw(pool, n, seed))
-        ]
+        drawn = draw(pool, n, seed)
+
+        def make(i: int) -> ReActRequest:
+            r = drawn[i]
+            return ReActRequest(f"react-{i:05d}-{r.id}", r, RetrieveTool(loaded.index, self.tool_time),
+                                self.top_k, decode)
+
+        return LazyTrace(len(drawn), make)  # NOTE: each made at first read (its arrival)

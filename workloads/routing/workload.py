@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dynbranch.decode_lengths import check_mode, choose
 from dynbranch.errors import ConfigError, DataError
-from dynbranch.workload import DataConfig, Workload
+from dynbranch.workload import DataConfig, LazyTrace, Workload
 from workloads.routing.apis import ApiState
 from workloads.routing.bfcl_data import BFCLData, Record, load_bfcl
 from workloads.routing.bfcl_wheel import bfcl_root, fetch_bfcl
@@ -148,12 +148,16 @@ class RoutingWorkload(Workload):
                 f"in categories {list(self.categories)}"
             )
         workspaces: dict[str, tuple[str, ApiState]] = {}
-        return [
-            RoutingRequest(f"routing-{i:05d}-{r.id}", r, bfcl.suite, self.tool_time,
-                           self._workspace(r, bfcl, workspaces),
-                           choose(self.decode_lengths, decode_model(self.decode_scale)))
-            for i, r in enumerate(draw(pool, n, seed))
-        ]
+        drawn = draw(pool, n, seed)
+
+        def make(i: int) -> RoutingRequest:
+            r = drawn[i]
+            return RoutingRequest(f"routing-{i:05d}-{r.id}", r, bfcl.suite, self.tool_time,
+                                  self._workspace(r, bfcl, workspaces),
+                                  choose(self.decode_lengths, decode_model(self.decode_scale)))
+
+        # NOTE: made at first read: a replay reads each at its arrival (see LazyTrace)
+        return LazyTrace(len(drawn), make)
 
     def _workspace(self, record: Record, bfcl: BFCLData,
                    workspaces: dict[str, tuple[str, ApiState]]) -> tuple[str, ApiState] | None:

@@ -26,7 +26,7 @@ from dynbranch.datasets import require_dataset
 from dynbranch.decode_lengths import choose
 from dynbranch.errors import ConfigError
 from dynbranch.predictors.plans import KnownPlan, KnownStep
-from dynbranch.workload import DataConfig
+from dynbranch.workload import DataConfig, LazyTrace
 from workloads.musique import (
     DEV_DECOMPOSITIONS,
     SUBTOPIC_SEP,
@@ -128,8 +128,10 @@ class SubAgentWorkload(MusiqueWorkload):
             stream = partial_overlap_mix(pool, train, n, seed)
         else:
             stream = [(r, "") for r in draw(pool, n, seed)]
-        return [
-            SubAgentRequest(
+
+        def make(i: int) -> SubAgentRequest:
+            r, category = stream[i]
+            return SubAgentRequest(
                 f"subagent-{i:05d}-{category + '-' if category else ''}{r.id}",
                 r,
                 RetrieveTool(loaded.index, self.tool_time),
@@ -139,5 +141,5 @@ class SubAgentWorkload(MusiqueWorkload):
                 loaded.history if split == "test" else (),
                 self.plan,
             )
-            for i, (r, category) in enumerate(stream)
-        ]
+
+        return LazyTrace(len(stream), make)  # NOTE: each made at first read (its arrival)
