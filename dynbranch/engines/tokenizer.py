@@ -62,24 +62,16 @@ def _class_of(c: str) -> int:
     return _DIGIT if c.isdecimal() else _SPACE if c.isspace() else _OTHER
 
 
-def piece_ends(text: str) -> np.ndarray:
-    """Where each of ``text``'s pieces ends (``pieces(text)``'s running lengths), computed on
-    the characters as arrays: the same pieces as the pattern, without matching it piece by
-    piece or making their strings (a test compares the two).
-
-    The pattern cuts a run of one class into its longest pieces from the left (letters 6,
-    digits 3, other characters 2, whitespace whole), and a lone space before a run of
-    letters, digits or other characters goes with that run's first piece (`` ?``); a longer
-    run of whitespace is one piece, so the run after it starts bare.
-    """
+def _runs(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``text``'s runs of one character class: where each starts and ends, the longest piece
+    of its class, and how many pieces it ends (see :func:`piece_ends`)."""
     n = len(text)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    ascii_ = codes < 128
-    if ascii_.all():
+    if text.isascii():  # NOTE: one byte a character, and no class to look up beyond 127
+        codes = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
         cls = _ASCII_CLASS[codes]
     else:
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        ascii_ = codes < 128
         cls = np.empty(n, dtype=np.int8)
         cls[ascii_] = _ASCII_CLASS[codes[ascii_]]
         wide, where = np.unique(codes[~ascii_], return_inverse=True)
@@ -93,6 +85,22 @@ def piece_ends(text: str) -> np.ndarray:
     # it is the first piece of the run after it (whose pieces are cut as if it were not there)
     chunks[:-1][(chunks[:-1] == 1) & (ends[:-1] - starts[:-1] == 1)
                 & (codes[starts[:-1]] == 32) & (cls[cut] != _SPACE)] = 0
+    return starts, ends, longest, chunks
+
+
+def piece_ends(text: str) -> np.ndarray:
+    """Where each of ``text``'s pieces ends (``pieces(text)``'s running lengths), computed on
+    the characters as arrays: the same pieces as the pattern, without matching it piece by
+    piece or making their strings (a test compares the two).
+
+    The pattern cuts a run of one class into its longest pieces from the left (letters 6,
+    digits 3, other characters 2, whitespace whole), and a lone space before a run of
+    letters, digits or other characters goes with that run's first piece (`` ?``); a longer
+    run of whitespace is one piece, so the run after it starts bare.
+    """
+    if not text:
+        return np.zeros(0, dtype=np.int64)
+    starts, ends, longest, chunks = _runs(text)
     run = np.repeat(np.arange(len(starts)), chunks)
     k = np.arange(len(run)) - np.repeat(np.cumsum(chunks) - chunks, chunks)
     return np.minimum(starts[run] + (k + 1) * longest[run], ends[run])
@@ -184,4 +192,4 @@ def count_tokens(text: str) -> int:
     """Number of tokens ``text`` has under this stand-in."""
     if len(text) < VECTOR_MIN_CHARS:
         return len(_PIECE.findall(text))
-    return len(piece_ends(text))
+    return int(_runs(text)[3].sum())  # NOTE: the pieces each run ends, not where they end

@@ -51,7 +51,9 @@ class ZeroEngine(Engine):
         # encoder remembered (2.8-5.4 ms for 20,000-45,000 characters; an engine actor sees
         # only the prompts placed on it). Over a Routing replay's 1,033 prompts in order,
         # counted so: mean 0.22, p99 0.97, at most 1.76 ms; through the encoder 0.20 / 1.33 /
-        # 3.84 ms.
+        # 3.84 ms. Since the count reads an ASCII text a byte a character and sums each run's
+        # pieces without placing them, the 956 prompts of a 200-request zero-engine replay
+        # take mean 0.095, p99 0.32, at most 0.64 ms, against 0.137 / 0.48-0.59 / 1.0-1.4.
         prompt_tokens = count_tokens(request.prompt)
         done = self.clock.now()  # NOTE: later than ``now`` on the real clock only
         result = GenerateResult(
