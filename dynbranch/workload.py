@@ -316,4 +316,8 @@ class Workload(ABC):
 
         ``split`` is ``test`` (what runs are measured on) or ``train`` (what predictors and
         pre-populated caches may learn from); the two never share a record.
+
+        A list will do; the shipped workloads return a :class:`LazyTrace` (draw the records
+        here, make each request when it is first read), so a long replay holds only the
+        requests in flight.
         """
