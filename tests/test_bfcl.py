@@ -400,8 +400,8 @@ def test_requests_have_their_own_api_state():
 
 
 def test_a_request_builds_its_apis_when_first_used(monkeypatch):
-    # NOTE: a replay makes every request of its trace before the first arrives: built
-    # eagerly, a Routing request's APIs held about 4 KB each for requests not started
+    # NOTE: a trace made in full before its first request starts (a run that keeps its
+    # log, a shaped stream): built eagerly, a Routing request's APIs held about 4 KB each
     built = []
     original = ApiState.__init__
 

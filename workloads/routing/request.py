@@ -238,10 +238,11 @@ class RoutingRequest(RequestInstance):
     """A request built from one BFCL record, with its own API instances.
 
     NOTE: what a request builds from its record (its API instances, the recorded calls'
-    names) is built when it is first used, not when the request is made: a replay makes
-    every request of its trace before the first arrives, and built eagerly they held about
-    4 KB each (a 50,000-request trace 200 MB) for requests that had not started. The APIs
-    draw from their own seeded generators, so when they are built does not change a run.
+    names) is built when it is first used, not when the request is made: a trace made in
+    full before its first request starts (a run that keeps its log, an experiment's shaped
+    stream, a trace read through) held about 4 KB a request built eagerly (200 MB for
+    50,000). The APIs draw from their own seeded generators, so when they are built does
+    not change a run.
     """
 
     template = TEMPLATE
