@@ -83,7 +83,7 @@ class ReActWorkload(MusiqueWorkload):
 
         def make(i: int) -> ReActRequest:
             r = drawn[i]
-            return ReActRequest(f"react-{i:05d}-{r.id}", r, RetrieveTool(loaded.index, self.tool_time),
-                                self.top_k, decode)
+            return ReActRequest(f"react-{i:05d}-{r.id}", r,
+                                RetrieveTool(loaded.index, self.tool_time), self.top_k, decode)
 
         return LazyTrace(len(drawn), make)  # NOTE: each made at first read (its arrival)
