@@ -233,8 +233,9 @@ class LazyTrace(Sequence[RequestInstance]):
     A replay draws every request of its trace before the first one arrives. Made then, a
     long trace's requests that have not started hold memory in proportion to its length
     (Routing about 630 bytes each, 32 MB for 50,000; HCI 2.4 KB each); made here at first
-    read, the trace holds one pointer per request until then. ``make(i)`` makes request ``i`` (the draw that
-    decides it was made up front), so when a request is made changes nothing about it.
+    read, the trace holds one pointer per request until then. ``make(i)`` makes request
+    ``i`` (the draw that decides it was made up front), so when a request is made changes
+    nothing about it.
 
     The one change allowed is letting a read request go, ``trace[i] = None``, which the
     launcher does once the request has ended (it reads as ``None`` from then on, as an
