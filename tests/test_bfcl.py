@@ -47,6 +47,7 @@ from workloads.routing import (
     bfcl_wheel,
     draw,
     load_bfcl,
+    scenario_of,
     split_of,
 )
 from workloads.routing.apis import ApiState, state_snapshot
@@ -364,6 +365,23 @@ def test_split_is_a_fixed_function_of_the_id():
     share = Counter(split_of(i) for i in ids)["train"] / len(ids)
     assert 0.22 < share < 0.28
     assert [split_of(i) for i in ids] == [split_of(i) for i in ids]
+
+
+def test_a_multi_turn_variant_is_on_its_base_scenarios_side():
+    # NOTE: the variants of scenario N share its initial configuration and mostly its turns;
+    # record by record, a test record's answers could be learnt from a train sibling
+    sides = set()
+    for n in range(200):
+        base = f"multi_turn_base_{n}"
+        variants = [f"multi_turn_{v}_{n}" for v in ("miss_func", "miss_param", "long_context")]
+        assert [scenario_of(v) for v in variants] == [base] * 3
+        assert {split_of(v) for v in variants} == {split_of(base)}
+        sides.add(split_of(base))
+    assert sides == {"train", "test"}
+    # records of other categories are scenarios of their own, whatever their number
+    for other in ("multiple_7", "live_multiple_7-3-1", "multi_turn_composite_7",
+                  "multi_turn_miss_func_x"):
+        assert scenario_of(other) == other
 
 
 def test_splits_are_disjoint_and_requests_stay_in_theirs():

@@ -12,7 +12,7 @@ PyPI into the cache), :mod:`~workloads.routing.bfcl_data` (loading and validatio
 from workloads.routing.bfcl_data import CATEGORIES, BFCLData, Record, load_bfcl
 from workloads.routing.request import ExecutedCall, RoutingOutcome, RoutingRequest
 from workloads.routing.template import END_OF_TURN, TEMPLATE
-from workloads.routing.workload import SPLITS, RoutingWorkload, draw, split_of
+from workloads.routing.workload import SPLITS, RoutingWorkload, draw, scenario_of, split_of
 
 __all__ = [
     "CATEGORIES",
@@ -27,5 +27,6 @@ __all__ = [
     "RoutingWorkload",
     "draw",
     "load_bfcl",
+    "scenario_of",
     "split_of",
 ]
