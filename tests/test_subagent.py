@@ -327,6 +327,22 @@ def test_options_and_registry():
     assert ids[0].startswith("subagent-00000-")
 
 
+
+def test_the_partial_overlap_mix_keeps_each_split_to_its_own_questions():
+    # NOTE: InstCache pre-populates from a train stream; a test question in it would be
+    # served from its cache when the measured stream asks it
+    workload = SubAgentWorkload(tool_time="modelled", mix="partial-overlap")
+    train = {r.id for r in workload.records(DATA, "train")}
+    test = {r.id for r in workload.records(DATA, "test")}
+    for seed in range(5):
+        trained = workload.requests(DATA, 50, seed, "train")
+        assert trained and {r.record.id for r in trained} <= train
+        measured = workload.requests(DATA, 50, seed, "test")
+        popular = {r.record.id for r in measured if "-popular-" in r.request_id}
+        assert popular and popular <= train
+        assert {r.record.id for r in measured} - popular <= test
+
+
 # -- plans written with references -----------------------------------------------------------
 
 

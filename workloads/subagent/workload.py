@@ -124,7 +124,9 @@ class SubAgentWorkload(MusiqueWorkload):
         loaded, pool = self.load(data), self.pool(data, n, split)
         decode = choose(self.decode_lengths, SUBAGENT_DECODE)
         if self.mix == "partial-overlap":
-            train = self.records(data, "train" if split == "test" else "test")
+            # NOTE: a train stream (what InstCache pre-populates from, what a predictor
+            # learns) draws its popular share from train too: never a test question
+            train = self.records(data, "train") if split == "test" else pool
             stream = partial_overlap_mix(pool, train, n, seed)
         else:
             stream = [(r, "") for r in draw(pool, n, seed)]
