@@ -63,10 +63,19 @@ def test_fills_run_every_candidate_and_the_winner_is_promoted():
 
 def test_promoted_values_equal_what_the_floor_computes():
     reqs = lambda: [ToyRequest(i, context_words=800) for i in range(6)]  # noqa: E731
-    floor, _, _ = run("floor", reqs(), spacing=1.0)
+    floor, floor_orch, _ = run("floor", reqs(), spacing=1.0)
     c2, orch, _ = run("c2", reqs(), spacing=1.0)
     assert [r.correct for r in c2] == [r.correct for r in floor] == [1.0] * 6
     assert sum(s.served_from != "exec" for s in orch.log.stages) >= 6
+
+    # NOTE: the score only reads the answer's letter count, which two keys share; the
+    # canonical stages' outputs tell a promoted fill of the wrong key apart.
+    def outputs(o):
+        return sorted((s.request_id, s.stage, s.output_digest)
+                      for s in o.log.stages if not s.speculative)
+
+    assert all(digest for _, _, digest in outputs(orch))
+    assert outputs(orch) == outputs(floor_orch)
 
 
 def test_c2_does_not_reuse_across_requests_and_full_does():
