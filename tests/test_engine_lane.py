@@ -190,10 +190,21 @@ def test_a_call_sent_at_once_is_on_the_wire_before_the_caller_suspends():
     async def main():
         engine = _Scripted()
         server, lane = await _serve(engine)
+        transport = lane._connection.transport
+        written: list[int] = []
+
+        def write(data, write=transport.write):
+            written.append(len(data))
+            write(data)
+
+        transport.write = write
         try:
             sent = lane.send("generate", encode_request(GenerateRequest("s", "wait", 4)))
             waiting = lane.send("generate", encode_request(GenerateRequest("t", "wait", 4)))
-            await asyncio.sleep(0.05)
+            on_the_wire = len(written)  # NOTE: read before this task first suspends
+            async with asyncio.timeout(5):
+                while len(engine.waited) < 2:
+                    await asyncio.sleep(0.001)
             taken_up = list(engine.waited)  # NOTE: both reached the engine, neither awaited
             engine.release.set()
             await asyncio.wait_for(asyncio.gather(sent, waiting), 5)
@@ -204,10 +215,11 @@ def test_a_call_sent_at_once_is_on_the_wire_before_the_caller_suspends():
                 answer(failing, lane._errors, "u")
             dropped = lane.send("generate", encode_request(GenerateRequest("v", "wait", 4)))
             dropped.cancel()  # NOTE: no one reads it: its reply is let go when it comes
-            return taken_up, first, lane.calls
+            return on_the_wire, taken_up, first, lane.calls
         finally:
             lane.close()
             server.close()
 
-    taken_up, first, calls = clock.run(main())
+    on_the_wire, taken_up, first, calls = clock.run(main())
+    assert on_the_wire == 2
     assert taken_up == ["s", "t"] and first.request_id == "s" and calls == 4

@@ -355,9 +355,11 @@ def test_every_stage_row_begins_before_its_input_is_rendered(monkeypatch):
     rows = [s for s in orch.log.stages if s.served_from == "exec"]
     assert {s.speculative for s in rows} == {False, True}  # canonical stages and a fill's
     assert {s.kind for s in rows} >= {"llm", "tool"}
-    # each row began at most moments before a rendering of its stage, not after one
+    # each row holds a whole rendering of its stage: began before it, ended after it
+    # (NOTE: an order, not a window, so a descheduled thread cannot fail it)
     late = [(s.stage, s.speculative) for s in rows
-            if not any(digest == s.input_digest and 0 <= orch.rel(t) - s.start < RENDER_S / 2
+            if not any(digest == s.input_digest and s.start <= orch.rel(t) + 1e-6
+                       and orch.rel(t) + RENDER_S <= s.end + 1e-6
                        for digest, t in rendered)]
     assert late == []
 
