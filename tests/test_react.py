@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dynbranch.datasets import resolve_data_dir
 from dynbranch.errors import ConfigError, DataMissingError, MalformedRecordError, ToolInputError
 from dynbranch.workload import DataConfig, MeasuredCost, ModelledCost
+from tests.data_sets import shared_data
 from workloads import get_workload
 from workloads.analysis.trace import trace_request
 from workloads.musique import (
@@ -65,10 +65,7 @@ def _copy_fixture(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def real_dir() -> Path:
-    found = resolve_data_dir(None)
-    if found is None or not (found / "musique" / "dev_200_full.jsonl").is_file():
-        pytest.skip("the shared data directory (musique, hotpotqa) is absent")
-    return found
+    return shared_data("musique", "hotpotqa")
 
 
 # -- loading and hop chains -------------------------------------------------------------------

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from dynbranch.datasets import resolve_data_dir
 from dynbranch.decode_lengths import THINK_CLOSE, THINK_OPEN, decision_of
 from dynbranch.engines.tokenizer import count_tokens
 from dynbranch.predictors.entity import rank_entities
 from dynbranch.workflow import BranchCoordinate
 from dynbranch.workload import DataConfig
+from tests.data_sets import shared_data
 from tests.test_react import by_record, fixture_requests
 from workloads.analysis.trace import ReplayGapError, TraceContext, trace_all, trace_request
 from workloads.react import FINISH, TEMPLATE, Action, ReActWorkload, parse_action
@@ -29,10 +29,7 @@ from workloads.react.request import observation_text, parse_observation
 
 @pytest.fixture(scope="module")
 def real_dir() -> Path:
-    found = resolve_data_dir(None)
-    if found is None or not (found / "musique" / "dev_200_full.jsonl").is_file():
-        pytest.skip("the shared data directory (musique, hotpotqa) is absent")
-    return found
+    return shared_data("musique", "hotpotqa")
 
 
 # -- the request program and replay -----------------------------------------------------------

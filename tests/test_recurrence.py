@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dynbranch.datasets import DATASETS, resolve_data_dir
+from dynbranch.datasets import DATASETS
 from dynbranch.errors import DataMissingError, MalformedRecordError
 from dynbranch.predictors.entity import RankerWeights
+from tests.data_sets import shared_data
 from workloads.analysis.recurrence import (
     Recurrence,
     entity_ranker_top3,
@@ -30,10 +31,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "musique"
 
 @pytest.fixture(scope="module")
 def real_dir() -> Path:
-    found = resolve_data_dir(None)
-    if found is None or not (found / "musique").is_dir() or not (found / "swe_agent").is_dir():
-        pytest.skip("the shared data directory (musique, hotpotqa, swe_agent) is absent")
-    return found
+    return shared_data("musique", "hotpotqa", "swe_agent")
 
 
 def test_recurrence_counts_repeats_and_recurring_units():

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from dynbranch.datasets import resolve_data_dir
 from dynbranch.decode_lengths import THINK_CLOSE, THINK_OPEN, decision_of
 from dynbranch.engines.tokenizer import count_tokens
 from dynbranch.errors import ConfigError, DataMissingError, MalformedRecordError
@@ -24,6 +23,7 @@ from dynbranch.predictors.plans import PlanMemory, split_subtopic
 from dynbranch.predictors.subtopic import observed_plan, rank_subtopics
 from dynbranch.workflow import BranchCoordinate
 from dynbranch.workload import DataConfig, MeasuredCost
+from tests.data_sets import shared_data
 from workloads import get_workload
 from workloads.analysis.trace import TraceContext, trace_all, trace_request
 from workloads.musique import (
@@ -63,10 +63,7 @@ def by_record(requests, record_id):
 
 @pytest.fixture(scope="module")
 def real_dir() -> Path:
-    found = resolve_data_dir(None)
-    if found is None or not (found / "musique" / "dev_2417_decompositions.json").is_file():
-        pytest.skip("the shared data directory (musique, hotpotqa) is absent")
-    return found
+    return shared_data("musique", "hotpotqa")
 
 
 # -- loading ----------------------------------------------------------------------------------
