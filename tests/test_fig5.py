@@ -58,6 +58,7 @@ def test_fig5a_refuses_to_run_without_data(tmp_path):
         fig5a.run(quick=True, out=tmp_path, data_dir=tmp_path / "nowhere")
 
 
+@pytest.mark.data
 def test_fig5a_recurrence_on_the_real_data(data_dir):
     rows = {
         (r["workload"], r["variant"], r["metric"]): r
@@ -71,6 +72,7 @@ def test_fig5a_recurrence_on_the_real_data(data_dir):
     assert round(swe["value"], 3) == 0.316 and swe["paper"] == pytest.approx(0.435)
 
 
+@pytest.mark.data
 def test_fig5a_curve_and_predictors_on_the_real_data(data_dir):
     curve = [
         r for r in fig5a.curve_rows(data_dir, seeds=(0,)) if r["metric"] == "repeat_share@entity"

@@ -775,6 +775,7 @@ def sgd() -> tuple[HCIWorkload, DataConfig]:
     return workload, data
 
 
+@pytest.mark.data
 def test_real_usable_pairs_per_split(sgd):
     workload, data = sgd
     usability = workload.usability(data)
@@ -784,6 +785,7 @@ def test_real_usable_pairs_per_split(sgd):
     assert (len(db), db.ambiguous_calls) == (2530, 51)
 
 
+@pytest.mark.data
 def test_real_episodes_replay_to_accuracy_one(sgd):
     workload, data = sgd
     limit = TEMPLATE.stage("respond").sampling.max_tokens
@@ -797,6 +799,7 @@ def test_real_episodes_replay_to_accuracy_one(sgd):
         assert max(count_tokens(e.offer) for e in eps) < limit
 
 
+@pytest.mark.data
 def test_real_floor_replay_of_thirty_requests(sgd, tmp_path):
     cfg = ReplayConfig(
         workload="hci",
@@ -818,6 +821,7 @@ def test_real_floor_replay_of_thirty_requests(sgd, tmp_path):
     assert fillable.overlap_s == pytest.approx(READ_S * 30) and fillable.post_click_share < 0.01
 
 
+@pytest.mark.data
 def test_real_frequency_predictor_top1_on_the_test_split(sgd):
     workload, data = sgd
     train = workload.requests(data, len(workload.episodes(data, "train")), 0, "train")

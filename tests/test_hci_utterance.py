@@ -251,6 +251,7 @@ def sgd() -> tuple[HCIWorkload, DataConfig]:
     return HCIWorkload(), DataConfig(data_dir, data_dir / "nonexistent-cache")
 
 
+@pytest.mark.data
 def test_no_fill_renders_the_reply_on_a_sample_of_real_episodes(sgd):
     _, data = sgd
     workload = HCIWorkload(prefix_warmup=True)  # the warm-up renders the most a fill can
@@ -260,6 +261,7 @@ def test_no_fill_renders_the_reply_on_a_sample_of_real_episodes(sgd):
     assert len(sample) == 300 and checked > 600 and 50 < asks < 250
 
 
+@pytest.mark.data
 def test_real_reply_lengths_follow_the_modelled_median(sgd):
     workload, data = sgd
     requests = workload.requests(data, 400, 0, "test")
@@ -270,6 +272,7 @@ def test_real_reply_lengths_follow_the_modelled_median(sgd):
     assert statistics.median(draws) == pytest.approx(350, rel=0.1)
 
 
+@pytest.mark.data
 def test_c2_on_real_data_never_serves_the_reply_from_a_fill(sgd, tmp_path):
     cfg = ReplayConfig(
         workload="hci",

@@ -82,9 +82,25 @@ def test_load_and_abort_cross_the_network_too():
     assert abort_s == pytest.approx(model.one_way_s(0))
 
 
+class _Named:
+    """An engine client as :func:`with_network` sees it: its id."""
+
+    def __init__(self, engine_id: str) -> None:
+        self.engine_id = engine_id
+
+
 def test_with_network_wraps_every_role_and_none_leaves_them():
-    clients = {"target": ["a", "b"], "drafter": ["c"]}
-    assert with_network(clients, "none", VirtualClock()) is clients
+    clients = {"target": [_Named("a"), _Named("b")], "drafter": [_Named("c")]}
+    clock = VirtualClock()
+    assert with_network(clients, "none", clock) is clients
+    for name in set(NETWORKS) - {"none"}:
+        wrapped = with_network(clients, name, clock)
+        assert list(wrapped) == list(clients)
+        for role, cs in clients.items():
+            assert [type(w) for w in wrapped[role]] == [NetworkClient] * len(cs)
+            assert [w.inner for w in wrapped[role]] == cs
+            assert [w.engine_id for w in wrapped[role]] == [c.engine_id for c in cs]
+            assert all(w.model == network_model(name) for w in wrapped[role])
 
 
 def _replay(tmp_path: Path, network: str):
