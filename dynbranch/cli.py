@@ -22,7 +22,8 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--workload", default="routing", help="routing | react | subagent | hci")
     p.add_argument("--arm", default="floor",
-                   help="floor | c1 | c2 | full | instcache | helium | parrot | dsp | spagent")
+                   help="floor | c1 | c2 | full | instcache | helium | parrot | dsp | spagent "
+                        "| oracle (a bound, not a system)")
     p.add_argument("--engine", default="sim", help="sim | zero | hf | vllm")
     p.add_argument("--profile", default="qwen3-32b@h200", help="sim engine profile")
     p.add_argument("--model", default=None,
@@ -83,7 +84,8 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
                         "or as the answer it stands for (resolved: every sub-agent starts at "
                         "once, the planner handed the trace's answers); default: references")
     p.add_argument("--data-dir", default=None,
-                   help="data directory (else $DYNBRANCH_DATA, else ../shared/data)")
+                   help="data directory (else $DYNBRANCH_DATA, else ../shared/data beside "
+                        "the checkout or the working directory, else the per-user cache)")
     p.add_argument("--max-inflight", type=int, default=None,
                    help="admission control: reject a request arriving while this many are in "
                         "flight (a typed 'rejected' outcome); default: unbounded")
@@ -195,12 +197,15 @@ def _timeline_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="a replay's --out directory")
     p.add_argument("--request", required=True, help="the request id (requests.parquet)")
     p.add_argument("--vs", default=None, metavar="OTHER_RUN_DIR",
-                   help="a second run of the same request, drawn below (e.g. full vs floor)")
+                   help="a second run of the same request, drawn below and compared with "
+                        "RUN_DIR (e.g. RUN_DIR the floor's run, --vs full's)")
     p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/timeline-ID.png)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dynbranch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="dynbranch", description="replay a workload, read its stage log, fetch or check "
+        "data, run an experiment, calibrate a profile, make a model")
     sub = parser.add_subparsers(dest="command", required=True)
     _replay_parser(sub)
     _data_parser(sub)

@@ -12,7 +12,8 @@ There is no reuse below the instruction, no freshness check and no early fill.
 * *Predicted requests* are the workload's ``train`` split (``Workload.requests(...,
   split="train")``), never the evaluated requests: the split is our instruction model's
   enumeration. The cache size, InstCache's likelihood threshold, is the number of train
-  requests drawn (``train_requests``; run option ``instcache_train_requests``). Draws past
+  requests drawn (``train_requests``, from :class:`InstCacheConfig` in the run's
+  ``RunContext.arm_config``). Draws past
   the split's pool repeat and are counted as ``duplicates``.
 * An agentic request's *response* is its whole run: its outcome and every stage's output,
   computed by :func:`~dynbranch.runtime.offline.precompute` (the text a replay engine
