@@ -12,15 +12,28 @@ online). A branch counts as a hit at k when one of its chosen candidates is amon
 Per branch stage it prints branches, top-1/3/5, and, where the branch can end without
 work to fill (Routing's end of turn), the same over the branches that chose something
 fillable ("fillable top-k": what a fill can cover), and the mean number of candidates.
+
+``--validation`` keeps the test split out of it, for choosing a predictor's settings
+(DESIGN §4: a held-out part of every data set stays out of any tuning): the train split's
+requests are divided by scenario (a Routing multi-turn record's is its base record's,
+:func:`~workloads.routing.scenario_of`; any other record is its own) into a quarter held
+out, which is ranked, and the rest, which is learnt first (up to ``--train``).
+``--option KEY=VALUE`` sets the predictor's options, e.g. ``--option learning_rate=0.3
+--option l2=1e-4`` for the logit model.
+
+    python scripts/predictor_accuracy.py --workloads routing --validation --test 1000 \
+        [--option learning_rate=0.2] [--option l2=0.01]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # NOTE: measure this tree's code, not an installed copy
@@ -50,16 +63,43 @@ async def _branches(workload, data, n: int, split: str, label: str):
     return out
 
 
-async def measure(name: str, train: int, test: int, predictor: str | None) -> dict:
+def scenario(workload: str, request_id: str) -> str:
+    """The scenario a request's record belongs to (its id past ``NAME-NNNNN-``)."""
+    record = request_id.split("-", 2)[2]
+    if workload == "routing":
+        from workloads.routing import scenario_of
+
+        return scenario_of(record)
+    return record
+
+
+def held_out(workload: str, request_id: str) -> bool:
+    """Whether a train request is in the quarter ``--validation`` ranks (a hash of its
+    scenario, salted so it is not the one that chose the train split)."""
+    key = f"validation:{scenario(workload, request_id)}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % 4 == 0
+
+
+async def measure(name: str, train: int, test: int, predictor: str | None,
+                  validation: bool = False, options: dict[str, Any] | None = None) -> dict:
     workload = get_workload(name)
     data = DataConfig(resolve_data_dir(None), cache_dir())
     workload.fetch_data(data, lambda _m: None)
-    model = make_predictor(predictor or workload.predictor)
-    for instance, branches in await _branches(workload, data, train, "train", "train"):
+    model = make_predictor(predictor or workload.predictor, **(options or {}))
+    if validation:
+        every = await _branches(workload, data, workload.split_size(data, "train") or train,
+                                "train", "train")
+        learnt = [b for b in every if not held_out(name, b[0].request_id)][:train]
+        ranked = [b for b in every if held_out(name, b[0].request_id)][:test]
+    else:
+        learnt = await _branches(workload, data, train, "train", "train")
+        ranked = await _branches(workload, data, test, "test", "test")
+    for instance, branches in learnt:
         for point, chosen in branches:
             model.observe(BranchContext.of(instance.request_id, point), chosen)
     stats: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for instance, branches in await _branches(workload, data, test, "test", "test"):
+    stats_requests = {"learnt": len(learnt), "ranked": len(ranked)}
+    for instance, branches in ranked:
         for point, chosen in branches:
             ctx = BranchContext.of(instance.request_id, point)
             ranked = model.rank(ctx, max(KS))
@@ -79,11 +119,14 @@ async def measure(name: str, train: int, test: int, predictor: str | None) -> di
                 for k in KS:
                     s[f"all_top{k}"] += set(chosen) <= set(ranked[:k])
             model.observe(ctx, chosen)
-    return {"workload": name, "predictor": model.name, "stages": stats}
+    return {"workload": name, "predictor": model.name, "stages": stats,
+            "requests": stats_requests, "on": "validation" if validation else "test"}
 
 
 def report(result: dict) -> list[str]:
-    lines = []
+    r = result["requests"]
+    lines = [f"{result['workload']}: learnt {r['learnt']} train requests, ranked {r['ranked']} "
+             f"{'held-out train' if result['on'] == 'validation' else 'test'} requests"]
     for stage, s in sorted(result["stages"].items()):
         n = s["branches"]
         head = (f"{result['workload']:>9} {stage:<11} {result['predictor']:<9} {int(n):5d} branches"
@@ -107,9 +150,25 @@ def main() -> None:
                     help="train requests learnt first (default: as many as a replay learns)")
     ap.add_argument("--test", type=int, default=300)
     ap.add_argument("--predictor", default=None, help="default: each workload's own")
+    ap.add_argument("--validation", action="store_true",
+                    help="rank a held-out quarter of the train split's scenarios, not the test "
+                         "split (for choosing settings)")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a predictor option (a number where it reads as one)")
     args = ap.parse_args()
+    options = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--option {item!r}: write KEY=VALUE")
+        try:
+            options[key] = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            options[key] = value
     for name in args.workloads:
-        for line in report(asyncio.run(measure(name, args.train, args.test, args.predictor))):
+        result = asyncio.run(measure(name, args.train, args.test, args.predictor,
+                                     args.validation, options))
+        for line in report(result):
             print(line, flush=True)
 
 
