@@ -42,6 +42,7 @@ from dynbranch.resultlog import PARTS, read_partial
 from experiments.common import Experiment, markdown_table
 from experiments.fault_inject import FaultSpec
 from experiments.malformed import malformed_row
+from experiments.pairing import no_oracle
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = (
@@ -76,27 +77,49 @@ def run(quick: bool, out: Path) -> Experiment:
     n, rate = (40, 2.0) if quick else (120, 3.0)
     base = {"workload": "routing", "arm": "full", "workers": 4, "requests": n, "rate": rate}
     kill_at = 0.3 * n / rate
-    # NOTE: (fault, its directory, the scenario run in it)
-    scenarios: list[tuple[str, str, Callable[[Path], dict[str, Any]]]] = [
-        ("engine-kill", "engine-kill",
+    overload = _overload(quick)
+    # NOTE: (fault, its directory, the replay it runs, the scenario run in it)
+    scenarios: list[tuple[str, str, Mapping[str, Any] | None,
+                          Callable[[Path], dict[str, Any]]]] = [
+        ("engine-kill", "engine-kill", base,
          lambda d: _ray(FaultSpec(str(d), "engine", kill_at, None, base))),
-        ("gate-kill", "gate-kill",
+        ("gate-kill", "gate-kill", base,
          lambda d: _ray(FaultSpec(str(d), "gate", kill_at, 0, base))),
-        ("store-kill", "store-kill",
+        ("store-kill", "store-kill", base,
          lambda d: _ray(FaultSpec(str(d), "store", kill_at, 0, base))),
-        ("sigint", "sigint", lambda d: _sigint(d, base, kill_at)),
-        ("overload", "overload",
-         lambda d: _ray(FaultSpec(str(d), "none", 0.0, 0, _overload(quick)))),
-        ("malformed-data", "malformed", malformed_row),
+        ("sigint", "sigint", base, lambda d: _sigint(d, base, kill_at)),
+        ("overload", "overload", overload,
+         lambda d: _ray(FaultSpec(str(d), "none", 0.0, 0, overload))),
+        ("malformed-data", "malformed", None, malformed_row),
     ]
     rows = []
-    for name, sub, scenario in scenarios:
+    for name, sub, replay, scenario in scenarios:
         print(f"faults: {name} ...", file=sys.stderr, flush=True)
         # NOTE: each scenario is read from what it leaves in its directory (its final files,
         # or the shards of a run killed outright), so an earlier run's files there go first.
         shutil.rmtree(out / sub, ignore_errors=True)
-        rows.append({"fault": name, **scenario(out / sub)})
+        row = {"fault": name, **scenario(out / sub)}
+        rows.append({**_cell(name, replay, out / sub), **row})
+    no_oracle(rows, "a fault battery: each scenario is one run under its fault, paired with "
+                    "no floor and no oracle")
     return Experiment("faults", rows, {}, _report(rows, quick))
+
+
+def _cell(fault: str, replay: Mapping[str, Any] | None, out: Path) -> dict[str, Any]:
+    """The experiment row fields every experiment's rows carry (DESIGN §5), from the
+    scenario's replay and what its ``summary.json`` says (``None`` where it wrote none, and
+    for ``malformed-data``, where no replay starts)."""
+    summary_path = out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    replay = replay or {}
+    return {
+        "workload": replay.get("workload"), "arm": replay.get("arm"), "variant": fault,
+        "rate": replay.get("rate"), "mean_latency_s": summary.get("mean_latency_s"),
+        "p99_latency_s": summary.get("p99_latency_s"),
+        "reduction_vs_floor": None,  # NOTE: no floor runs beside a fault
+        "accuracy": summary.get("accuracy"), "unsafe_splices": summary.get("unsafe_splices"),
+        **{k: summary.get(k) for k in ("fills_issued", "fills_consumed", "fills_discarded")},
+    }
 
 
 def _overload(quick: bool) -> dict[str, Any]:
