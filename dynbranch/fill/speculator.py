@@ -56,11 +56,15 @@ functions are learnt from their words, so the router needs the records: over the
 test branches (``scripts/predictor_accuracy.py``), multi-turn fillable top-1 went 0.618 →
 0.748 and top-3 0.841 → 0.909 (single-turn 0.904 → 0.898), and ``table2``'s Routing c2
 captured 0.76 / 0.73 / 0.75 of the oracle's reduction over seeds 0–2 instead of 0.65 / 0.64 /
-0.68. Part of it is BFCL's make-up: its four multi-turn categories are variants of the same
-200 scenarios: learning the whole split (1,085), a test record whose scenario has a sibling
-among the train records ranks its first choice right at 0.88 of its multi-turn branches, one
-without at 0.64 (0.58 learning 500). A deployment learns from its earlier traffic the same way; none of it is the
-test record's own answer.
+0.68. Part of that was BFCL's make-up: its four multi-turn categories are variants of the
+same 200 scenarios, and the split then went record by record, so a test record whose
+scenario had a variant among the train records ranked its first choice right at 0.88 of its
+multi-turn branches, one without at 0.64 (0.58 learning 500). Since 2026-12-07 a scenario's
+variants share a side (:func:`workloads.routing.scenario_of`), so none of the test records'
+turns is learnt from a variant: learning 1,024 of the 1,106 train records, the router's
+fillable top-1 / top-3 over a 300-request draw of the test split is 0.711 / 0.883 (429
+branches), against 0.819 / 0.945 (475) with the split record by record
+(``scripts/predictor_accuracy.py --workloads routing``, both on 2026-12-07).
 
 NOTE: it was as many as the run had, up to 500, so a short run's predictor learnt from a
 handful of requests while InstCache pre-populates from 1,024 whatever the run's length: on
