@@ -90,16 +90,16 @@ async def measure(name: str, train: int, test: int, predictor: str | None,
         every = await _branches(workload, data, workload.split_size(data, "train") or train,
                                 "train", "train")
         learnt = [b for b in every if not held_out(name, b[0].request_id)][:train]
-        ranked = [b for b in every if held_out(name, b[0].request_id)][:test]
+        scored = [b for b in every if held_out(name, b[0].request_id)][:test]
     else:
         learnt = await _branches(workload, data, train, "train", "train")
-        ranked = await _branches(workload, data, test, "test", "test")
+        scored = await _branches(workload, data, test, "test", "test")
     for instance, branches in learnt:
         for point, chosen in branches:
             model.observe(BranchContext.of(instance.request_id, point), chosen)
     stats: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    stats_requests = {"learnt": len(learnt), "ranked": len(ranked)}
-    for instance, branches in ranked:
+    stats_requests = {"learnt": len(learnt), "ranked": len(scored)}
+    for instance, branches in scored:
         for point, chosen in branches:
             ctx = BranchContext.of(instance.request_id, point)
             ranked = model.rank(ctx, max(KS))
