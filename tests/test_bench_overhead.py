@@ -110,13 +110,13 @@ def test_the_oracle_is_timed_per_engine_call_and_the_rest_of_the_instance_is_its
 
         @property
         def input_digest(self) -> str:
-            time.sleep(0.05)  # NOTE: the driver's work (the row logs it), not the oracle's
+            time.sleep(0.25)  # NOTE: the driver's work (the row logs it), not the oracle's
             return "d"
 
     spent: dict[str, float] = {}
     timed = bench._TimedOracle(Instance(), "r0/1/router", spent)
     assert timed.replay_text(Rendered()) == "GO" and timed.request_id == "r0"
-    assert set(spent) == {"r0/1/router"} and 0.002 <= spent["r0/1/router"] < 0.05
+    assert set(spent) == {"r0/1/router"} and 0.002 <= spent["r0/1/router"] < 0.25
 
 
 def test_parallel_stages_of_a_request_on_one_engine_each_match_their_own_call() -> None:
@@ -194,5 +194,7 @@ def test_the_loop_s_long_steps_are_kept_with_their_task_and_gc_passes_are_timed(
         gc.collect()
     assert asyncio.events.Handle._run is plain  # NOTE: the loop is left as it was
     long = [s for s in steps if s.end - s.start >= 0.009]
-    assert [s.task for s in long] == [task]
+    # NOTE: the 10 ms step is kept with its task (on a loaded machine another step may cross
+    # 9 ms too, so this reads "among them", not "alone")
+    assert task in [s.task for s in long]
     assert collections and all(b >= a for a, b in collections)
