@@ -356,7 +356,17 @@ def cmd_stages(args: argparse.Namespace) -> int:
 
     if not (Path(args.run_dir) / "stages.parquet").is_file():
         raise ConfigError(f"{args.run_dir}: no stages.parquet (a replay's --out directory?)")
-    print(report(args.run_dir, args.depth))
+    unfillable: frozenset[str] = frozenset()
+    summary = Path(args.run_dir) / "summary.json"
+    if summary.is_file():
+        import json
+
+        from workloads import get_workload
+
+        name = json.loads(summary.read_text()).get("workload")
+        if name:
+            unfillable = get_workload(name).unfillable_stages
+    print(report(args.run_dir, args.depth, unfillable))
     return 0
 
 

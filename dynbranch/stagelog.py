@@ -69,9 +69,12 @@ class OverlapBound:
     share: float  # Σ bound / Σ latency over completed requests
 
 
-def overlap_bound(run: RunLogFrames, depth: int = 2) -> OverlapBound:
+def overlap_bound(run: RunLogFrames, depth: int = 2,
+                  unfillable: frozenset[str] = frozenset()) -> OverlapBound:
     """The most perfect prediction could hide in ``run`` (a floor run), with fills of at
-    most ``depth`` stages (see the module docstring)."""
+    most ``depth`` stages (see the module docstring), a fill ending before the first stage
+    named in ``unfillable`` (the workload's
+    :attr:`~dynbranch.workload.Workload.unfillable_stages`)."""
     canon = run.stages[(run.stages["served_from"] == "exec") & ~run.stages["speculative"]]
     canon = canon[canon["reusable"]] if "reusable" in canon else canon
     by_request = {rid: g for rid, g in canon.groupby("request_id")}
@@ -82,7 +85,11 @@ def overlap_bound(run: RunLogFrames, depth: int = 2) -> OverlapBound:
             continue
         after = stages[(stages["coordinate"] == b.coordinate)
                        & (stages["start"] >= b.resolved_at - 1e-9)].sort_values("start")
-        t_exec = float(after["duration"].head(depth).sum())
+        after = after.head(depth)
+        if unfillable:
+            blocked = after["stage"].isin(unfillable).to_numpy()
+            after = after.iloc[:int(blocked.argmax())] if blocked.any() else after
+        t_exec = float(after["duration"].sum())
         t_gen = float(b.resolved_at - b.opened_at)
         bound[b.request_id] = bound.get(b.request_id, 0.0) + min(t_gen, t_exec)
     done = run.requests[run.requests["status"] == "completed"]
@@ -92,10 +99,12 @@ def overlap_bound(run: RunLogFrames, depth: int = 2) -> OverlapBound:
     return OverlapBound(per, float(per["bound_s"].sum()) / total if total > 0 else 0.0)
 
 
-def report(run_dir: str | Path, depth: int = 2) -> str:
-    """The stage table, the branch windows and the overlap bound of one run, as text."""
+def report(run_dir: str | Path, depth: int = 2,
+           unfillable: frozenset[str] = frozenset()) -> str:
+    """The stage table, the branch windows and the overlap bound of one run, as text
+    (``unfillable``: see :func:`overlap_bound`)."""
     run = RunLogFrames.read(run_dir)
-    bound = overlap_bound(run, depth)
+    bound = overlap_bound(run, depth, unfillable)
     lines = [f"run: {run_dir}", "", "stages (canonical executions):",
              stage_durations(run.stages).to_string(index=False, float_format="%.3f"), "",
              "branch windows:",

@@ -297,6 +297,11 @@ class Workload(ABC):
     fill_depth: int | None = None
     """Stages one fill runs when the run sets no ``--depth`` (``None``: the run's default);
     a workload whose unit of fill is longer (a whole sub-agent) says so here."""
+    unfillable_stages: frozenset[str] = frozenset()
+    """Speculable stages that no fill can run before their branch resolves, because their
+    input holds what only the resolution brings besides the chosen candidate (HCI's reply
+    reads the user's words). C1 may still serve them; Eq. 2's bound
+    (:func:`dynbranch.stagelog.overlap_bound`) stops at them."""
 
     def fetch_data(self, data: DataConfig, progress: Callable[[str], None] = print) -> None:
         """Fetch what this workload can fetch by itself into ``data.cache_dir`` (default: nothing)."""

@@ -48,6 +48,15 @@ def frames(result: Any) -> RunLogFrames:
     return RunLogFrames(stages, branches, requests_frame(result.requests))
 
 
+def unfillable_stages(workload: str | None) -> frozenset[str]:
+    """The stages no fill of ``workload`` can run (:attr:`Workload.unfillable_stages`)."""
+    if not workload:
+        return frozenset()
+    from workloads import get_workload
+
+    return get_workload(workload).unfillable_stages
+
+
 def run_facts(cell: Any, result: Any) -> dict[str, Any]:
     """The ``f_*`` facts of one replay (see the module docstring)."""
     run = frames(result)
@@ -82,7 +91,8 @@ def run_facts(cell: Any, result: Any) -> dict[str, Any]:
         facts["f_ranked_per_opening"] = spec.get("candidates", 0) / opened if opened else 0.0
     facts.update(_speculative_split(s, done))
     if summary.get("arm") == "floor" and len(s):
-        bound = overlap_bound(run, int(summary.get("depth") or 2))
+        bound = overlap_bound(run, int(summary.get("depth") or 2),
+                              unfillable_stages(summary.get("workload")))
         facts["f_eq2_bound_s"] = float(bound.per_request["bound_s"].mean())
         facts["f_eq2_share"] = bound.share
     return facts

@@ -45,6 +45,23 @@ def test_the_bound_is_min_of_window_and_the_fillable_execution_after_it():
     assert overlap_bound(_run(), depth=1).per_request["bound_s"].tolist() == [1.0, 0.5]
 
 
+def test_a_fill_stops_before_a_stage_no_fill_can_run():
+    # NOTE: a's executor and b's handler read what only the resolution brings (HCI's reply)
+    bound = overlap_bound(_run(), depth=2, unfillable=frozenset({"executor"}))
+    per = dict(zip(bound.per_request["request_id"], bound.per_request["bound_s"], strict=True))
+    assert per["a"] == pytest.approx(1.0)  # the handler alone, before the executor
+    assert per["b"] == pytest.approx(0.5)
+    first = overlap_bound(_run(), depth=2, unfillable=frozenset({"handler"}))
+    assert first.per_request["bound_s"].tolist() == [0.0, 0.0]  # nothing before it to fill
+
+
+def test_the_hci_reply_is_no_fill():
+    from workloads import get_workload
+
+    assert get_workload("hci").unfillable_stages == frozenset({"respond"})
+    assert get_workload("routing").unfillable_stages == frozenset()
+
+
 def test_stage_durations_count_canonical_executions_only():
     table = stage_durations(_run().stages).set_index("stage")
     assert table.loc["handler", "executions"] == 2

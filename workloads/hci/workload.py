@@ -85,6 +85,8 @@ class HCIWorkload(Workload):
 
     name = "hci"
     template = TEMPLATE
+    # NOTE: the reply's input holds the user's words, which exist only after the click
+    unfillable_stages = frozenset({"respond"})
 
     def __init__(
         self,
