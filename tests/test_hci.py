@@ -421,6 +421,11 @@ def test_transactional_methods_are_mutating_and_bump_the_service_version():
     first = tool.call(call_fields(FIND))
     assert first.reads == {"sgd:Cafes_9": "0"} and not first.writes
     assert isinstance(tool.cost, ModelledCost) and tool.cost.seconds == READ_S
+    # NOTE: a service read is charged what Routing charges a SaaS REST call, whose sources
+    # Routing's tools module gives
+    from workloads.routing.tools import SAAS_API_S
+
+    assert READ_S == SAAS_API_S and TRANSACTION_S == 2 * SAAS_API_S
     booking = tool.call(call_fields(BOOK))
     assert booking.reads == {"sgd:Cafes_9": "0"} and booking.writes == {"sgd:Cafes_9": "1"}
     assert tool.cost.seconds == TRANSACTION_S
@@ -818,7 +823,7 @@ def test_real_floor_replay_of_thirty_requests(sgd, tmp_path):
     # the reply's reasoning mostly outlasts the think time: the gross bound is about it ...
     assert 0.9 * gross.think_s < gross.overlap_s <= gross.think_s and 0 < gross.share < 0.5
     # ... but a fill can run only the lookup (the reply reads the user's utterance)
-    assert fillable.overlap_s == pytest.approx(READ_S * 30) and fillable.post_click_share < 0.01
+    assert fillable.overlap_s == pytest.approx(READ_S * 30) and fillable.post_click_share < 0.03
 
 
 @pytest.mark.data

@@ -21,10 +21,12 @@ every record that read the service turns stale. Versions live in a
 shared by its users; the recorded results themselves never change.
 
 **Tool time** (an assumption, stated so it can be challenged): SGD's services stand in for
-third-party web APIs; a read-only call is charged 30 ms (a same-region RPC to a cached
-catalogue, as the Routing workload charges its remote APIs) and a transactional call 60 ms
-(a write that commits at the provider: two round trips). With ``tool_time="measured"`` the
-call's real duration is charged instead.
+third-party web APIs (restaurants, flights, banks), so a read-only call is charged what the
+Routing workload charges a SaaS REST call, an assumed 150 ms p50
+(:data:`workloads.routing.tools.SAAS_API_S`, where its sources are), and a transactional
+call 300 ms (a write that commits at the provider: two round trips). Until 2026-12-07 a read
+was charged 30 ms "as the Routing workload charges its remote APIs", which Routing no longer
+did. With ``tool_time="measured"`` the call's real duration is charged instead.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ from workloads.hci.sgd_data import Call, Dialogue, Intent, Service
 TOOL_NAME = "sgd"
 TOOL_SCHEMA_VERSION = "sgd-dstc8-e852981/1"
 TOOL_TIMES = ("modelled", "measured")
-READ_S = 0.030
-TRANSACTION_S = 0.060
+READ_S = 0.150  # NOTE: Routing's SaaS call (a test keeps the two equal)
+TRANSACTION_S = 2 * READ_S
 FIELDS = ("service", "method", "parameters", "session", "result")
 
 
