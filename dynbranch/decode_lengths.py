@@ -86,8 +86,12 @@ class LengthModel:
 class DecodeModel:
     """Per stage name, the reasoning a serving model decodes before the stage's decision.
 
-    ``scale`` multiplies every median (the calibration knob, fitted on the paper's published
-    durations); a stage without a :class:`LengthModel` is emitted as recorded.
+    ``scale`` multiplies every median (the calibration knob). Routing's is fitted on the
+    paper's published durations (``scripts/calibrate_routing_decode.py``); ReAct's, Sub-Agent's
+    and HCI's stay 1.0, their medians read from their data and the models' recommended
+    settings (each workload's lengths module), and the paper publishes no request time for
+    ReAct or HCI; Sub-Agent's requests run 2.2–2.4× the paper's (README, ``fig9a``); a stage
+    without a :class:`LengthModel` is emitted as recorded.
     """
 
     stages: Mapping[str, LengthModel] = field(default_factory=dict)

@@ -29,8 +29,8 @@ from the same model, independently (each keyed by its own rendered input). At th
 
 **Where the latency goes.** HCI measures latency from the click. The reply's reasoning
 depends on the user's utterance, which no fill can see, so it stays on the critical path
-under every arm; C2 can hide only the lookup and the part of the reply's prefill known
-before the click (:mod:`workloads.hci.request`).
+under every arm; C2 can hide only the lookup and, with ``prefix_warmup`` (off by default),
+the part of the reply's prefill known before the click (:mod:`workloads.hci.request`).
 """
 
 from __future__ import annotations

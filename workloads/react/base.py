@@ -17,8 +17,10 @@ DEFAULT_TOP_K = 3
 class MusiqueWorkload(Workload):
     """A workload over MuSiQue questions and the combined BM25 corpus.
 
-    Options: ``tool_time`` (``measured``, the default: retrieval is charged its real
-    duration; or ``modelled``) and ``top_k`` (passages per search).
+    Options: ``tool_time`` (``measured``, the class's default: retrieval is charged its real
+    duration; or ``modelled``, what a replay passes unless ``--tool-time`` says otherwise:
+    a hosted search's median, :mod:`workloads.react.retrieval`) and ``top_k`` (passages per
+    search).
     """
 
     def __init__(

@@ -16,13 +16,15 @@ query are never returned, so results are deterministic. An index is built once p
 per corpus version and kept in memory (building it takes well under a second on two cores;
 see ``index_for``).
 
-**Cost.** By default a call is charged its measured duration: the BM25 scoring really runs
-on the replay's CPU, and the stopwatch around it is what the clock is charged
-(``tool_time="measured"``; 0.08 ms median, 0.2 ms p90 over the 715 chain searches of the
-16k-passage corpus on the two-core development machine). ``tool_time="modelled"`` instead
-charges every call :data:`MODELLED_RETRIEVE_S`, the median latency of a hosted web-search
-API, as an agent deployed against a search service sees it (deterministic on the virtual
-clock).
+**Cost.** A replay charges every call :data:`MODELLED_RETRIEVE_S` (``--tool-time``'s
+default, ``modelled``), the median latency of a hosted web-search API: the paper's agents
+search a local corpus, but a deployed research agent searches a service, and the local BM25
+scoring (below) would charge a search almost nothing, which no deployment sees; it is also
+deterministic on the virtual clock. With ``tool_time="measured"`` (the workload classes'
+own default when built directly) a call is charged its measured duration instead: the BM25
+scoring really runs on the replay's CPU, and the stopwatch around it is what the clock is
+charged (0.08 ms median, 0.2 ms p90 over the 715 chain searches of the 16k-passage corpus
+on the two-core development machine).
 """
 
 from __future__ import annotations

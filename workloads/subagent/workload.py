@@ -80,7 +80,8 @@ def load_subagent_questions(data_dir: Path | None) -> tuple[MusiqueRecord, ...]:
 
 class SubAgentWorkload(MusiqueWorkload):
     """Sub-Agent research over MuSiQue. Options as :class:`~workloads.react.ReActWorkload`:
-    ``tool_time`` (``measured`` by default, or ``modelled``) and ``top_k``; ``mix`` =
+    ``tool_time`` (``measured`` by default, or ``modelled``, a replay's default) and
+    ``top_k``; ``mix`` =
     ``"partial-overlap"`` draws Table 1's mix instead (:mod:`workloads.subagent.mix`);
     ``plan`` = ``"references"`` has the planner write a bridge as ``#k`` and each sub-agent
     wait for the findings it names (:data:`~workloads.subagent.template.PLANS`)."""
