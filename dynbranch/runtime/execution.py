@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from dynbranch.canonical import value_digest
 from dynbranch.clock import Clock
+from dynbranch.decode_lengths import decision_of
 from dynbranch.engines.client import EngineClient
 from dynbranch.engines.protocol import CANONICAL, GenerateRequest, GenerateResult
 from dynbranch.errors import RenderError
@@ -70,8 +71,16 @@ class RequestState:
 
 
 def remember(lineage: Lineage, reuse_name: str, value: Any) -> None:
-    """Add a stage's output to ``lineage`` (stages without a reuse name leave no provenance)."""
+    """Add a stage's output to ``lineage`` (stages without a reuse name leave no provenance):
+    what a workflow reads of it, the text after its reasoning block
+    (:func:`~dynbranch.decode_lengths.decision_of`).
+
+    NOTE: an LLM stage that reasons before its decision passes only the decision on, so the
+    whole text never occurs in a later input and :func:`upstream_of` linked no record to
+    it: a write-variant Routing run's executor records named no handler upstream (20 of
+    20). The decision is a suffix of the text, so matching it only widens the cascade."""
     text = value if isinstance(value, str) else as_text(value)
+    text = decision_of(text)
     if reuse_name and text:
         lineage.append((reuse_name, text))
 
