@@ -10,6 +10,7 @@ errors are counted in ``summary.json`` and listed in ``requests.parquet``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -356,17 +357,11 @@ def cmd_stages(args: argparse.Namespace) -> int:
 
     if not (Path(args.run_dir) / "stages.parquet").is_file():
         raise ConfigError(f"{args.run_dir}: no stages.parquet (a replay's --out directory?)")
-    unfillable: frozenset[str] = frozenset()
+    from workloads import unfillable_stages
+
     summary = Path(args.run_dir) / "summary.json"
-    if summary.is_file():
-        import json
-
-        from workloads import get_workload
-
-        name = json.loads(summary.read_text()).get("workload")
-        if name:
-            unfillable = get_workload(name).unfillable_stages
-    print(report(args.run_dir, args.depth, unfillable))
+    name = json.loads(summary.read_text()).get("workload") if summary.is_file() else None
+    print(report(args.run_dir, args.depth, unfillable_stages(name)))
     return 0
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 
 from dynbranch.results import BRANCH_COLUMNS, requests_frame, stages_frame
 from dynbranch.stagelog import RunLogFrames, overlap_bound
+from workloads import unfillable_stages
 
 Extra = Callable[[Any, Any], Mapping[str, Any]]
 
@@ -46,15 +47,6 @@ def frames(result: Any) -> RunLogFrames:
         )
     branches = pd.DataFrame([b.row() for b in log.branches], columns=list(BRANCH_COLUMNS))
     return RunLogFrames(stages, branches, requests_frame(result.requests))
-
-
-def unfillable_stages(workload: str | None) -> frozenset[str]:
-    """The stages no fill of ``workload`` can run (:attr:`Workload.unfillable_stages`)."""
-    if not workload:
-        return frozenset()
-    from workloads import get_workload
-
-    return get_workload(workload).unfillable_stages
 
 
 def run_facts(cell: Any, result: Any) -> dict[str, Any]:

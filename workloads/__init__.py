@@ -36,3 +36,10 @@ def get_workload(name: str, **options: Any) -> Workload:
     if name in PLANNED:
         raise NotBuiltError("workload", name, list(BUILT))
     raise UnknownNameError("workload", name, list(WORKLOAD_NAMES))
+
+
+def unfillable_stages(name: str | None) -> frozenset[str]:
+    """The stages no fill of the workload called ``name`` can run
+    (:attr:`~dynbranch.workload.Workload.unfillable_stages`; none for ``None``, a run whose
+    summary names no workload)."""
+    return get_workload(name).unfillable_stages if name else frozenset()
