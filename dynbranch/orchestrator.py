@@ -226,8 +226,10 @@ class RequestContext:
             await self._abandon(lookup)
             raise
         await self._record(lookup, StageOutcome(result.value, dict(result.reads),
-                                                dict(result.writes), tool.name, row.duration))
-        remember(self.state.lineage, lookup.reuse_name, result.value)
+                                                dict(result.writes), tool.name, row.duration,
+                                                result.recordable))
+        if result.recordable:
+            remember(self.state.lineage, lookup.reuse_name, result.value)
         return result.value
 
     async def _call_tool(self, call: StageCall, tool: Tool, start: float,

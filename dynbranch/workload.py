@@ -30,11 +30,17 @@ class ToolResult:
     write of its own (C1's read-set); ``writes`` maps each resource it changed to the
     version it left behind (its owner's new version), so C1 can invalidate what read the
     old one and keep serving what reads the new one.
+
+    ``recordable`` false: the value does not answer the input the call was named by, e.g.
+    the input named a state the request had left by the time the call ran (a parallel call
+    or the request's own path moved it on while this one waited on C1). The caller still
+    gets the value; C1 records nothing under that name, and a fill stops.
     """
 
     value: Any
     reads: Mapping[str, str] = field(default_factory=dict)
     writes: Mapping[str, str] = field(default_factory=dict)
+    recordable: bool = True
 
 
 @dataclass(frozen=True)

@@ -736,6 +736,23 @@ def test_read_set_names_the_state_by_lineage_and_declared_effects():
     assert not tool.is_read_only(values("cd('..')")) and not tool.is_read_only(values("mkdir('x')"))
 
 
+def test_a_read_on_a_state_the_request_has_left_is_not_recordable():
+    # a parallel call (or the request's own path, while a fill waited) moved the state on
+    # between rendering a read and running it: the value answers another input than its name
+    request, tool = _tool()
+    values = request.executor_values
+    ls_before = values("ls()")
+    assert tool.call(ls_before).recordable
+    tool.call(values("cd(folder='notes')"))
+    late = tool.call(ls_before)
+    assert not late.recordable
+    moved = request.state.lineage["GorillaFileSystem"]
+    assert late.reads == {f"state:{moved}/GorillaFileSystem": "0"}  # what it did read
+    assert tool.call(values("ls()")).recordable  # rendered on the state it runs on
+    # another class's lineage did not move: its reads still name their state
+    assert tool.call(ls_before | {"call": "mean(numbers=[1.0, 2.0])"}).recordable
+
+
 def fresh(state):
     """A fresh deep copy of every instance's public attributes (what public_state copied
     before it kept copies by lineage)."""

@@ -1,6 +1,7 @@
 """C1 through the orchestrator: serve, join, invalidate on write, release on failure."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -125,6 +126,32 @@ def test_a_failed_execution_releases_its_claim_and_joiners_execute_themselves():
     assert served(orch, "b")[1] == ("lookup", "exec")
     stats = orch.mechanism_stats["reuse"]
     assert stats["open_tickets"] == 0 and stats["store"]["in_flight"] == 0
+
+
+class _MovedOn(ReadRequest):
+    """Its lookup's value answers another input than the one it was named by."""
+
+    def tool(self, name):
+        tool = super().tool(name)
+
+        class Moved(type(tool)):
+            def call(self, fields):
+                return dataclasses.replace(super().call(fields), recordable=False)
+
+        return Moved(tool.kv)
+
+
+def test_a_value_that_answers_another_input_is_returned_but_never_recorded():
+    kv = SharedKV({"colour": "blue"})
+    records, orch = run("c1", [(0.0, _MovedOn("a", kv, "colour")),
+                               (10.0, ReadRequest("b", kv, "colour"))])
+    assert [r.status for r in records] == ["completed", "completed"]
+    # a's lookup left no record; a's answer names no lookup upstream, b executes its own
+    assert served(orch, "b") == [("plan", "cache"), ("lookup", "exec"), ("answer", "cache")]
+    stats = orch.mechanism_stats["reuse"]
+    assert stats["unrecordable"] == 1 and stats["open_tickets"] == 0
+    assert stats["store"]["in_flight"] == 0
+    assert unsafe_splices(orch.log.stages) == []
 
 
 @pytest.mark.parametrize("capacity", [1])

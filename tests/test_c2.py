@@ -1,6 +1,7 @@
 """C2 through the orchestrator: fills, promotion on resolution, non-interference."""
 
 import asyncio
+import dataclasses
 
 from dynbranch.arms.registry import get_arm
 from dynbranch.audit import unsafe_splices
@@ -59,6 +60,34 @@ def test_fills_run_every_candidate_and_the_winner_is_promoted():
     store = orch.mechanism_stats["reuse"]["store"]
     assert store["in_flight"] == 0 and store["drops"] >= 1
     assert unsafe_splices(orch.log.stages) == []
+
+
+class _MovedOnToy(ToyRequest):
+    """Its lookups answer another input than the one they were named by (see ToolResult)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        inner = self._tool
+
+        class Moved(type(inner)):
+            def call(self, fields):
+                return dataclasses.replace(inner.call(fields), recordable=False)
+
+        self._tool = Moved(self.request_id, False)
+
+
+def test_a_fill_whose_tool_answers_another_input_stops_and_leaves_no_shadow():
+    records, orch, loads = run("c2", [_MovedOnToy(1, context_words=2500)])
+    assert records[0].status == "completed" and records[0].correct == 1.0
+    spec = [s for s in orch.log.stages if s.speculative]
+    assert spec == []  # every fill stopped at its lookup, before it was charged or logged
+    canon = {s.stage: s.served_from for s in orch.log.stages if not s.speculative}
+    assert canon == {"plan": "exec", "lookup": "exec", "answer": "exec"}
+    fills = orch.mechanism_stats["speculation"]["fills"]
+    assert fills["issued"] == 3 and fills["consumed"] == 0 and fills["running"] == 0
+    store = orch.mechanism_stats["reuse"]["store"]
+    assert store["in_flight"] == 0 and store["puts"] == 0  # no shadow was left
+    assert all(load.running == 0 and load.waiting == 0 for load in loads)
 
 
 def test_promoted_values_equal_what_the_floor_computes():

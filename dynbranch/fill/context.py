@@ -108,6 +108,10 @@ class FillContext:
                          start: float) -> StageOutcome:
         tool = self._state.instance.tool(call.stage.tool)
         result, measured = self._ex.call_tool(call, tool)
+        if not result.recordable:
+            # NOTE: the state this call named moved on while the fill waited (on C1, or
+            # behind the request's own path): its value answers no question the request asks
+            raise NotSpeculable(f"stage {call.stage.name}: the state it named has moved on")
         await self._ex.charge(tool, measured)
         row = self._ex.row(call, start, seq=-1, coordinate=self._fill.coordinate,
                            engine=tool.name, reuse_name=name, output=result.value,

@@ -53,13 +53,15 @@ class Served:
 
 @dataclass(frozen=True)
 class StageOutcome:
-    """A stage that executed: what C1 may record about it."""
+    """A stage that executed: what C1 may record about it (``recordable`` false: nothing,
+    see :class:`~dynbranch.workload.ToolResult`)."""
 
     value: Any
     read_set: Mapping[str, str]
     writes: Mapping[str, str]
     engine: str
     duration_s: float
+    recordable: bool = True
 
 
 @dataclass(frozen=True)

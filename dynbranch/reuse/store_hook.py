@@ -150,6 +150,9 @@ class StoreReuseHook(ReuseHook):
 
     def _make_record(self, claim: Claim, outcome: StageOutcome,
                      state: RecordState) -> Record | None:
+        if not outcome.recordable:  # NOTE: its value answers another input than its name's
+            self.counts["unrecordable"] += 1
+            return None
         # NOTE: a record's read-set is its own reads. What its input was rendered from is
         # its provenance: a write reaches it through the store's cascade, not its reads.
         call = claim.call

@@ -135,6 +135,18 @@ class ApiTool(Tool):
             return f"{self.owner}/{cls}"
         return f"state:{self.state.lineage[cls]}/{cls}"
 
+    def _names(self, fields: Mapping[str, Any], resource: str) -> bool:
+        """Whether the call's input names the state it ran on (``resource``, read before the
+        call). An executor's input carries the lineage it was rendered on, and its reuse
+        name with it; a parallel call, or the request's own path while a fill waited, may
+        have moved the state on since: the value then answers another input."""
+        scope = fields.get("scope")
+        named = scope.get("state") if isinstance(scope, Mapping) else None
+        if not isinstance(named, Mapping):
+            return True  # the input names no lineage (a direct call): nothing to disagree with
+        cls = resource.rsplit("/", 1)[1]
+        return resource == f"state:{named.get(cls)}/{cls}"
+
     def cost_for(self, fields: Mapping[str, Any]) -> ToolCost:
         """What a call with these fields will be charged."""
         if self.tool_time == "measured":
@@ -178,7 +190,7 @@ class ApiTool(Tool):
         except Exception as e:
             raise ToolExecutionError(TOOL_NAME, text, f"{type(e).__name__}: {e}") from e
         if self.owner is None:  # a lineage never changes: it is read at version 0, never written
-            return ToolResult(value, reads={key: "0"})
+            return ToolResult(value, reads={key: "0"}, recordable=self._names(fields, key))
         after = self.state.versions[cls]
         writes = {key: str(after)} if after != before else {}
         return ToolResult(value, reads={key: str(before)}, writes=writes)
