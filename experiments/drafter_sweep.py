@@ -95,14 +95,20 @@ class SweptSpeculator(OracleSpeculator):
         }
 
 
+SWEEP_ARM = "full-sweep"
+"""The swept arm's name, in its summaries and rows: ``full``'s mechanisms with a drafter
+that reads the trace's outcomes, so never to be read as the ``full`` system."""
+
+
 def swept_arm(vote_accuracy: float, think_tokens: int) -> Arm:
-    """``full`` (C1 and C2) with the swept drafter as C2's predictor."""
+    """``full`` (C1 and C2) with the swept drafter as C2's predictor, named
+    :data:`SWEEP_ARM`."""
 
     def branch(run: RunContext, reuse: ReuseHook) -> BranchHook:
         return SweptSpeculator(run, vote_accuracy, think_tokens)
 
     return Arm(
-        "full",
+        SWEEP_ARM,
         f"full with a drafter sweep (vote accuracy {vote_accuracy:g}; "
         "a SWEEP that reads the trace's outcomes, not a system)",
         c1_reuse,

@@ -5,7 +5,7 @@ Mistral-Small-24B-Instruct-2501, Gemma-3-27B-it and Phi-4 (profiles from each mo
 ``config.json`` and the datasheet, ``dynbranch/engines/profiles/``) — ``full`` against its
 paired floor, three seeds each.
 (b) **Drafters**: Qwen3 0.6B, 1.7B, 4B and 8B drafting on the H200 for the 32B target
-(arm ``full`` with the drafter predictor). Drafting is real engine work on each size's
+(arm ``full`` with the drafter predictor, its rows labelled ``full-sweep``). Drafting is real engine work on each size's
 profile; since no drafter LM runs here its choice accuracy is an explicit sweep
 (:mod:`experiments.drafter_sweep`): each of the N = 8 votes names the resolved candidate
 with probability :data:`VOTE_ACCURACY` (our values, rising with size as the paper's top-1
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import Cell, Experiment, run_cells, sweep_settings
-from experiments.drafter_sweep import swept_arm
+from experiments.drafter_sweep import SWEEP_ARM, swept_arm
 from experiments.facts import with_facts
 from experiments.plots import bars_vs_paper, pyplot, save
 from experiments.report import Line, facts_why, first, gap_ratio, mean_rows, page, rows_table
@@ -127,6 +127,8 @@ def customize(cell: Cell, prepared: Any) -> Any:
 
 def _drafter_stats(cell: Cell, result: Any) -> dict[str, Any]:
     row = replay_share(cell, result)
+    if tag(cell, "drafter") is not None and cell.arm == "full":
+        row["arm"] = SWEEP_ARM  # NOTE: its drafter reads the trace's outcomes: not the system
     hook = result.orchestrator.branch_hook
     predictor = getattr(hook, "predictor", None)
     scored = getattr(predictor, "scored", None)
@@ -147,7 +149,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     add_speedup(rows)
     for r in rows:
         r["panel"] = r["variant"].split(",")[0].split("=")[1]
-    full = [r for r in rows if r["arm"] == "full"]
+    full = [r for r in rows if r["arm"] in ("full", SWEEP_ARM)]
     table = mean_rows(full, ("panel", "variant"), ("speedup", "top1_accuracy"))
     base = [r["speedup"] for r in full if tag(r, "drafter") == DRAFTERS[0]]
     for t in table:

@@ -174,7 +174,8 @@ def test_a_drafter_cell_drafts_with_the_swept_accuracy(tmp_path):
     rows = run_cells(
         _fixture(cells), tmp_path, extra=with_facts(fig11._drafter_stats), customize=fig11.customize
     )
-    full = next(r for r in rows if r["arm"] == "full")
+    assert {r["arm"] for r in rows} == {"floor", "full-sweep", "oracle"}  # never "full"
+    full = next(r for r in rows if r["arm"] == "full-sweep")
     assert full["vote_accuracy"] == fig11.VOTE_ACCURACY["8b"]
     assert full["scored_branches"] > 0 and 0.0 <= full["top1_accuracy"] <= 1.0
     assert "vote_accuracy" not in next(r for r in rows if r["arm"] == "floor")
