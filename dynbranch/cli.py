@@ -84,6 +84,11 @@ def _replay_parser(sub: argparse._SubParsersAction) -> None:
                         "sub-topic's finding (references: the chain is researched in order), "
                         "or as the answer it stands for (resolved: every sub-agent starts at "
                         "once, the planner handed the trace's answers); default: references")
+    p.add_argument("--split-by", default=None, choices=["question", "step"],
+                   help="react, subagent: split MuSiQue question by question (the default: "
+                        "a test question may meet a single-hop step a train question asked, "
+                        "the recurrence the paper measures), or keep questions that share a "
+                        "step on one side (no test question meets a step of the history)")
     p.add_argument("--data-dir", default=None,
                    help="data directory (else $DYNBRANCH_DATA, else ../shared/data beside "
                         "the checkout or the working directory, else the per-user cache)")
@@ -230,6 +235,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.plan is not None and args.workload != "subagent":
         raise ConfigError(f"--plan sets how the subagent workload's planner writes bridges, "
                           f"not a setting of {args.workload!r}")
+    if args.split_by is not None and args.workload not in ("react", "subagent"):
+        raise ConfigError(f"--split-by sets how MuSiQue's questions are split (react, "
+                          f"subagent), not a setting of {args.workload!r}")
+    options = {} if args.plan is None else {"plan": args.plan}
+    if args.split_by is not None:
+        options["split_by"] = args.split_by
     cfg = ReplayConfig(engine_config=engine_config,
         workload=args.workload, arm=args.arm, engine=args.engine, profile=args.profile,
         model=args.model, backend=args.backend, clock=args.clock, rate=args.rate,
@@ -247,7 +258,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         gate_lane=args.gate_lane, stream_lanes=args.stream_lanes, network=args.network,
         out=args.out,
         progress=not args.quiet,
-        workload_options={} if args.plan is None else {"plan": args.plan})
+        workload_options=options)
     progress = print if not args.quiet else (lambda _msg: None)
     result = run_replay(prepare(cfg, progress), keep_log=False)
     if result.summary.get("interrupted"):

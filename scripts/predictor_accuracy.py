@@ -19,7 +19,8 @@ requests are divided by scenario (a Routing multi-turn record's is its base reco
 :func:`~workloads.routing.scenario_of`; any other record is its own) into a quarter held
 out, which is ranked, and the rest, which is learnt first (up to ``--train``).
 ``--option KEY=VALUE`` sets the predictor's options, e.g. ``--option learning_rate=0.3
---option l2=1e-4`` for the logit model.
+--option l2=1e-4`` for the logit model. ``--split-by step`` splits MuSiQue (ReAct, Sub-Agent)
+so that no test question shares a single-hop step with a train one (:mod:`workloads.musique`).
 
     python scripts/predictor_accuracy.py --workloads routing --validation --test 1000 \
         [--option learning_rate=0.2] [--option l2=0.01]
@@ -81,8 +82,9 @@ def held_out(workload: str, request_id: str) -> bool:
 
 
 async def measure(name: str, train: int, test: int, predictor: str | None,
-                  validation: bool = False, options: dict[str, Any] | None = None) -> dict:
-    workload = get_workload(name)
+                  validation: bool = False, options: dict[str, Any] | None = None,
+                  split_by: str | None = None) -> dict:
+    workload = get_workload(name) if split_by is None else get_workload(name, split_by=split_by)
     data = DataConfig(resolve_data_dir(None), cache_dir())
     workload.fetch_data(data, lambda _m: None)
     model = make_predictor(predictor or workload.predictor, **(options or {}))
@@ -155,6 +157,8 @@ def main() -> None:
                          "split (for choosing settings)")
     ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                     help="a predictor option (a number where it reads as one)")
+    ap.add_argument("--split-by", default=None, choices=["question", "step"],
+                    help="react, subagent: MuSiQue's split (default: the workload's, question)")
     args = ap.parse_args()
     options = {}
     for item in args.option:
@@ -166,8 +170,9 @@ def main() -> None:
         except ValueError:
             options[key] = value
     for name in args.workloads:
+        split_by = args.split_by if name in ("react", "subagent") else None
         result = asyncio.run(measure(name, args.train, args.test, args.predictor,
-                                     args.validation, options))
+                                     args.validation, options, split_by))
         for line in report(result):
             print(line, flush=True)
 

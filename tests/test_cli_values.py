@@ -58,6 +58,7 @@ def refused(argv: list[str], capsys, tmp_path: Path) -> str:
         (["--workload", "chess"], "unknown workload 'chess'"),
         (["--arm", "magic"], "unknown arm 'magic'"),
         (["--plan", "references"], "--plan sets how the subagent workload's planner"),
+        (["--split-by", "step"], "--split-by sets how MuSiQue's questions are split"),
     ],
 )
 def test_a_bad_value_is_one_line_and_status_2_before_anything_starts(argv, named, capsys, tmp_path):

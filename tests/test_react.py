@@ -124,6 +124,44 @@ def test_split_is_by_id_and_drawing_is_reproducible():
         workload.records(DATA, "dev")
 
 
+def test_the_step_split_keeps_questions_that_share_a_single_hop_step_on_one_side():
+    def subtopics(records):
+        return {normalize_answer(s.subtopic) for r in records for s in r.steps}
+
+    sides = {}
+    for name in ("react", "subagent"):
+        by_question = get_workload(name)
+        train_q, test_q = by_question.records(DATA, "train"), by_question.records(DATA, "test")
+        assert subtopics(train_q) & subtopics(test_q)  # the fixture shares steps across them
+        workload = get_workload(name, split_by="step")
+        train, test = workload.records(DATA, "train"), workload.records(DATA, "test")
+        assert train and test and not subtopics(train) & subtopics(test)
+        assert len(train) + len(test) == len(train_q) + len(test_q)
+        # 2hop__1003_1002 asks 1002's step with the train question 2hop__1001_1002
+        assert "2hop__1003_1002" in {r.id for r in train}
+        for r in train + test:
+            sides.setdefault(r.id, set()).add("train" if r in train else "test")
+    assert all(len(s) == 1 for s in sides.values())  # one side in both workloads
+    # a Sub-Agent test run's planner history holds only the step split's train side
+    subagent = get_workload("subagent", split_by="step")
+    history = subagent.load(DATA).history
+    assert len(history) == len(subagent.records(DATA, "train"))
+    with pytest.raises(ConfigError, match="split_by"):
+        get_workload("react", split_by="scenario")
+
+
+def test_step_groups_join_through_shared_steps_and_name_each_group_by_its_smallest_id():
+    from workloads.musique import MusiqueRecord, Step, step_groups
+
+    def record(rid, *subtopics):
+        steps = tuple(Step(i, t, "a", "t", t, t) for i, t in enumerate(subtopics))
+        return MusiqueRecord(rid, "q", "a", (), steps, "test")
+
+    records = [record("c", "X >> born"), record("b", "Y"), record("a", "Z", "x >> BORN"),
+               record("d", "Y"), record("e", "W"), record("a", "Z", "x >> BORN")]
+    assert step_groups(records) == {"a": "a", "b": "b", "c": "a", "d": "b", "e": "e"}
+
+
 def test_exact_match_and_f1_use_squad_normalisation():
     assert normalize_answer("The  Silvermere River!") == "silvermere river"
     answers = ("the Silvermere River", "Silvermere")

@@ -33,6 +33,15 @@ alone when the ask is itself the search.
 big-endian integer, are divisible by 4 (25 % in expectation), else ``test`` — the same rule
 as Routing, on the MuSiQue id alone, so a question is on the same side in every workload and
 file. Predictor tuning (the entity ranker) reads ``train`` only.
+
+MuSiQue composes its questions from shared single-hop steps, so a test question often meets
+a step a train question asked: the recurrence the paper measures (Fig. 5a), which a running
+service's history holds too. The workloads' ``split_by="step"`` option measures the
+pessimistic case instead: questions connected through a shared step (the same resolved
+sub-topic, normalised) form one group (:func:`step_groups`), and a group takes the side
+its smallest id has by the rule above, so no test question shares a step with a train one.
+The groups are taken over every MuSiQue question of the data directory, so a question is on
+the same side in every workload under that option too.
 """
 
 from __future__ import annotations
@@ -337,13 +346,45 @@ def split_of(question_id: str) -> str:
     return "train" if head % 4 == 0 else "test"
 
 
-def in_split(records: Sequence[MusiqueRecord], split: str) -> list[MusiqueRecord]:
-    """The records of ``split`` (``train``, ``test`` or ``all``), in their given order."""
+SPLIT_BY = ("question", "step")
+"""How questions are split: each by its own id, or by the group of questions it shares
+single-hop steps with (module docstring)."""
+
+
+def step_groups(records: Sequence[MusiqueRecord]) -> dict[str, str]:
+    """Each record's group, named by its smallest id: records are connected when they share a
+    single-hop step (the same normalised resolved sub-topic), directly or through others.
+    A record listed twice (the same id in two files) is one question."""
+    parent = {r.id: r.id for r in records}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    owner: dict[str, str] = {}
+    for r in records:
+        for step in r.steps:
+            key = normalize_answer(step.subtopic)
+            first = owner.setdefault(key, r.id)
+            a, b = root(first), root(r.id)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return {rid: root(rid) for rid in parent}
+
+
+def in_split(records: Sequence[MusiqueRecord], split: str,
+             groups: Mapping[str, str] | None = None) -> list[MusiqueRecord]:
+    """The records of ``split`` (``train``, ``test`` or ``all``), in their given order; with
+    ``groups`` (:func:`step_groups`) a record takes its group's side."""
     if split == "all":
         return list(records)
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: choose from {[*SPLITS, 'all']}")
-    return [r for r in records if split_of(r.id) == split]
+    if groups is None:
+        return [r for r in records if split_of(r.id) == split]
+    return [r for r in records if split_of(groups.get(r.id, r.id)) == split]
 
 
 def draw(pool: Sequence[T], n: int, seed: int) -> list[T]:

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from dynbranch.decode_lengths import check_mode
 from dynbranch.errors import ConfigError, DataError
 from dynbranch.workload import DataConfig, Workload
-from workloads.musique import SPLITS, MusiqueRecord, in_split
+from workloads.musique import (
+    DEV_DECOMPOSITIONS,
+    SPLIT_BY,
+    SPLITS,
+    MusiqueRecord,
+    in_split,
+    load_decompositions,
+    step_groups,
+)
 from workloads.react.retrieval import MAX_K, TOOL_TIMES
 
 DEFAULT_TOP_K = 3
@@ -19,8 +29,9 @@ class MusiqueWorkload(Workload):
 
     Options: ``tool_time`` (``measured``, the class's default: retrieval is charged its real
     duration; or ``modelled``, what a replay passes unless ``--tool-time`` says otherwise:
-    a hosted search's median, :mod:`workloads.react.retrieval`) and ``top_k`` (passages per
-    search).
+    a hosted search's median, :mod:`workloads.react.retrieval`), ``top_k`` (passages per
+    search) and ``split_by`` (``question``, the default, or ``step``: questions sharing a
+    single-hop step stay on one side, :mod:`workloads.musique`).
     """
 
     def __init__(
@@ -28,12 +39,15 @@ class MusiqueWorkload(Workload):
         tool_time: str = "measured",
         top_k: int = DEFAULT_TOP_K,
         decode_lengths: str = "modelled",
+        split_by: str = "question",
     ) -> None:
         if tool_time not in TOOL_TIMES:
             raise ConfigError(f"tool_time {tool_time!r}: choose from {list(TOOL_TIMES)}")
         if not 1 <= top_k <= MAX_K:
             raise ConfigError(f"top_k {top_k} must be in [1, {MAX_K}]")
-        self.tool_time, self.top_k = tool_time, top_k
+        if split_by not in SPLIT_BY:
+            raise ConfigError(f"split_by {split_by!r}: choose from {list(SPLIT_BY)}")
+        self.tool_time, self.top_k, self.split_by = tool_time, top_k, split_by
         self.decode_lengths = check_mode(decode_lengths)
         self._loaded: dict[Any, Any] = {}
 
@@ -48,7 +62,24 @@ class MusiqueWorkload(Workload):
         """The records of one split in file order (``all`` for both)."""
         if split not in (*SPLITS, "all"):
             raise ConfigError(f"split {split!r}: choose from {list(SPLITS)}")
-        return in_split(self.load(data).records, split)
+        return in_split(self.load(data).records, split, self.groups(data))
+
+    def groups(self, data: DataConfig,
+               records: tuple[MusiqueRecord, ...] | None = None) -> Mapping[str, str] | None:
+        """The step groups the split goes by (``None``: by question), over this workload's
+        ``records`` (default: its loaded ones) and every dev decomposition of the data
+        directory, so a question has one side in every workload; computed once."""
+        if self.split_by == "question":
+            return None
+        key = ("step_groups", data.data_dir)
+        if key not in self._loaded:
+            own = self.load(data).records if records is None else records
+            universe = list(own)
+            decompositions = Path(data.data_dir or ".") / "musique" / DEV_DECOMPOSITIONS
+            if self.name != "subagent" and decompositions.is_file():  # NOTE: its own records
+                universe += load_decompositions(decompositions)
+            self._loaded[key] = step_groups(universe)
+        return self._loaded[key]
 
     def split_size(self, data: DataConfig, split: str) -> int:
         return len(self.records(data, split))

@@ -84,7 +84,8 @@ class SubAgentWorkload(MusiqueWorkload):
     ``top_k``; ``mix`` =
     ``"partial-overlap"`` draws Table 1's mix instead (:mod:`workloads.subagent.mix`);
     ``plan`` = ``"references"`` has the planner write a bridge as ``#k`` and each sub-agent
-    wait for the findings it names (:data:`~workloads.subagent.template.PLANS`)."""
+    wait for the findings it names (:data:`~workloads.subagent.template.PLANS`);
+    ``split_by`` as :class:`~workloads.react.base.MusiqueWorkload`."""
 
     name = "subagent"
     template = TEMPLATE
@@ -100,12 +101,13 @@ class SubAgentWorkload(MusiqueWorkload):
         mix: str | None = None,
         decode_lengths: str = "modelled",
         plan: str = DEFAULT_PLAN,
+        split_by: str = "question",
     ) -> None:
         if mix not in (None, "partial-overlap"):
             raise ConfigError(f"subagent mix {mix!r}: choose 'partial-overlap' or none")
         if plan not in PLANS:
             raise ConfigError(f"subagent plan {plan!r}: choose one of {', '.join(PLANS)}")
-        super().__init__(tool_time, top_k, decode_lengths)
+        super().__init__(tool_time, top_k, decode_lengths, split_by)
         self.mix, self.plan = mix, plan
         self.template = TEMPLATES[plan]
 
@@ -113,7 +115,8 @@ class SubAgentWorkload(MusiqueWorkload):
         """Decompositions and index of ``data.data_dir`` (validated once, then kept)."""
         if data.data_dir not in self._loaded:
             records = load_subagent_questions(data.data_dir)
-            history = tuple(known_plan(r, self.plan) for r in in_split(records, "train"))
+            train = in_split(records, "train", self.groups(data, records))
+            history = tuple(known_plan(r, self.plan) for r in train)
             self._loaded[data.data_dir] = SubAgentData(
                 records, index_for(load_corpus(data.data_dir)), history
             )
