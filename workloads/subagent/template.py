@@ -34,7 +34,7 @@ from dataclasses import replace
 
 from dynbranch.workflow import SamplingParams, StageSpec, SubgraphSpec, Template
 from workloads.react.lengths import STAGE_MAX_TOKENS
-from workloads.react.retrieval import TOOL_NAME, TOOL_SCHEMA_VERSION
+from workloads.react.template import RETRIEVE  # NOTE: the same search stage as ReAct's
 
 WORKFLOW = "subagent"
 NO_SUBTOPIC = "<none>"
@@ -93,14 +93,6 @@ SUB_THINK = StageSpec(
     prompt=SUB_THINK_PROMPT,
     model="target",
     sampling=SamplingParams(max_tokens=STAGE_MAX_TOKENS),
-    speculable=True,
-)
-RETRIEVE = StageSpec(
-    "retrieve",
-    "tool",
-    ("query", "k"),
-    tool=TOOL_NAME,
-    tool_schema_version=TOOL_SCHEMA_VERSION,
     speculable=True,
 )
 RESEARCH = StageSpec(
