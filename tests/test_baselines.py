@@ -303,6 +303,47 @@ def test_a_request_identical_in_input_is_served_whole_and_a_different_one_is_not
     assert cache.stats()["hits"] == 1 and cache.stats()["misses"] == 1
 
 
+class ShortAnswer(AskRequest):
+    """Its answer stage may emit 3 tokens, fewer than its replayed text has."""
+
+    template = Template("kv-short", "1", [
+        dataclasses.replace(spec, sampling=dataclasses.replace(spec.sampling, max_tokens=3))
+        if spec.name == "answer" else spec
+        for spec in KV_TEMPLATE.stages.values()
+    ])
+
+
+def test_the_audit_reference_of_a_cached_llm_stage_is_cut_as_the_engine_cuts_it():
+    kv = SharedKV({"colour": "blue"})
+    cache = RequestCache()
+    asyncio.run(cache.prepopulate([ShortAnswer("train-0", kv, "colour")]))
+    twin = ShortAnswer("test-0", kv, "colour")
+    rows = cache.lookup(twin).stage_records(twin, 0.0)
+    answer = next(r for r in rows if r.stage == "answer")
+    assert answer.output_digest != value_digest("The colour is blue.")  # it was cut
+    assert answer.audit_digest == answer.output_digest  # against the cut text, not the whole
+    assert unsafe_splices(rows) == []
+
+
+def test_instcache_prepopulates_what_the_replaying_engine_returns_within_its_context():
+    from dynbranch.engines.tokenizer import encode
+
+    kv = SharedKV({"colour": "blue", "size": "big"})
+    workload = AskWorkload(kv, {"train": ["colour"], "test": ["colour"]})
+    probe = AskRequest("probe", kv, "colour")
+    prompt = KV_TEMPLATE.stage("answer").render({"question": probe.question,
+                                                   "fact": "blue"}).text
+    context = len(encode(prompt)) + 2  # room for two tokens of the answer
+    hook = InstCacheHook(RunContext(clock=VirtualClock(), arm="instcache",
+                                    replay_context=context), train_requests=1)
+    asyncio.run(hook.prepopulate(workload, DATA, seed=0))
+    whole = hook.serve_request(AskRequest("test-0", kv, "colour"), 0.0, audit=True)
+    answer = next(r for r in whole.rows if r.stage == "answer")
+    assert answer.output_digest != value_digest("The colour is blue.")
+    assert answer.audit_digest == answer.output_digest
+    assert unsafe_splices(whole.rows) == []
+
+
 def test_a_whole_request_served_after_a_write_is_counted_unsafe():
     kv = SharedKV({"colour": "blue"})
     cache = RequestCache()

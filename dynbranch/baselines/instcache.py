@@ -50,6 +50,8 @@ from typing import Any
 
 from dynbranch.arms.base import Arm
 from dynbranch.canonical import canonical_bytes, value_digest
+from dynbranch.engines.protocol import GenerateRequest
+from dynbranch.engines.scheduler import replayed_text
 from dynbranch.errors import ConfigError
 from dynbranch.fill import NoSpeculation
 from dynbranch.reuse.hook import ReuseHook, WholeRequest
@@ -148,8 +150,8 @@ class CachedRequest:
         """A private copy of the outcome (a scorer may not alter what the next hit gets)."""
         return copy.deepcopy(self.run.outcome)
 
-    def stage_records(self, instance: RequestInstance, at: float, *,
-                      audit: bool = True) -> list[StageRecord]:
+    def stage_records(self, instance: RequestInstance, at: float, *, audit: bool = True,
+                      context_limit: int | None = None) -> list[StageRecord]:
         """One ``cache`` row per cached stage, served to ``instance`` at ``at`` in no time."""
         rows = []
         for seq, s in enumerate(self.run.stages):
@@ -159,15 +161,22 @@ class CachedRequest:
                 reuse_name=self.key.name, fingerprint=s.fingerprint,
                 input_digest=s.rendered.input_digest,
                 output_digest=value_digest(s.output) if s.output is not None else "",
-                audit_digest=self._audit(instance, s) if audit else ""))
+                audit_digest=self._audit(instance, s, context_limit) if audit else ""))
         return rows
 
-    def _audit(self, instance: RequestInstance, stage: PrecomputedStage) -> str:
+    def _audit(self, instance: RequestInstance, stage: PrecomputedStage,
+               context_limit: int | None) -> str:
         """What canonical execution of ``stage`` for ``instance`` would return now (the
-        splice checker's reference; see the module docstring for when there is none)."""
+        splice checker's reference; see the module docstring for when there is none): an
+        LLM stage's replayed text cut as the replaying engine cuts it, at ``max_tokens`` and
+        at the context (``context_limit``) left after the prompt."""
         if stage.kind == "llm":
             text = instance.replay_text(stage.rendered)
-            return value_digest(text) if text is not None else ""
+            if text is None:
+                return ""
+            max_tokens = instance.template.stage(stage.stage).sampling.max_tokens
+            return value_digest(replayed_text(stage.rendered.text, text, max_tokens,
+                                              context_limit))
         if stage.kind != "tool" or self.run.effectful:
             return ""
         try:
@@ -260,17 +269,28 @@ class InstCacheHook(ReuseHook):
         entry = self.cache.lookup(instance)
         if entry is None:
             return None
-        return WholeRequest(entry.stage_records(instance, at, audit=audit), entry.outcome())
+        rows = entry.stage_records(instance, at, audit=audit,
+                                   context_limit=self.run.replay_context)
+        return WholeRequest(rows, entry.outcome())
 
     async def prepopulate(self, workload: Workload, data: DataConfig | None, seed: int, *,
                           measured_split: str = "test",
-                          generate: Generate = replay_generate) -> None:
-        """Fill the cache from ``train_requests`` requests of ``workload``'s train split."""
+                          generate: Generate | None = None) -> None:
+        """Fill the cache from ``train_requests`` requests of ``workload``'s train split
+        (``generate``: by default what the run's replaying engine returns, its text cut at
+        ``max_tokens`` and at the context left after the prompt)."""
         if measured_split == "train":
             raise ConfigError("instcache pre-populates from the train split; "
                               "measure it on the test split")
         instances = workload.requests(data, self.train_requests, seed, split="train")
-        await self.cache.prepopulate(instances, generate, tenant=self.run.tenant)
+        await self.cache.prepopulate(instances, generate or self._replayed,
+                                     tenant=self.run.tenant)
+
+    async def _replayed(self, request: GenerateRequest) -> str:
+        if request.replay_text is None:
+            return await replay_generate(request)  # NOTE: raises the engine's error
+        return replayed_text(request.prompt, request.replay_text, request.max_tokens,
+                             self.run.replay_context)
 
     def stats(self) -> dict[str, Any]:
         return {**self.cache.stats(), "train_requests": self.train_requests}
