@@ -204,6 +204,15 @@ def test_accuracy_counts_the_unreferenced_lines_of_a_plan_written_with_reference
     assert references["plans"]["all@8"] <= shares[-1]
 
 
+def test_the_step_split_fit_leaves_a_question_s_whole_step_group_out_of_the_memory():
+    fixture = Path(__file__).parent / "fixtures" / "musique"
+    by_question, by_step = fit_weights(fixture), fit_weights(fixture, split_by="step")
+    # by question, a train question meets the steps other train questions share with it
+    assert by_question.features["seen"] > 0.0
+    # by step, those questions leave with it: no sub-topic it ranks was ever seen
+    assert by_step.features["seen"] == 0.0 and by_step.features["foreign_seen"] == 0.0
+
+
 @pytest.mark.data
 def test_unreferenced_lines_on_the_test_split(real_dir):
     run = subtopic_accuracy(real_dir, n=300, plan="references")
