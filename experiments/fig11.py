@@ -144,7 +144,8 @@ def _drafter_stats(cell: Cell, result: Any) -> dict[str, Any]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``full`` per configuration (mean over seeds); Welch of each drafter's per-seed
+    """``full`` (``full-sweep`` for a drafter) per configuration (mean over seeds); Welch of
+    each drafter's per-seed
     speedups against the 0.6B's."""
     add_speedup(rows)
     for r in rows:

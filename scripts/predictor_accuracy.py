@@ -33,6 +33,7 @@ import asyncio
 import hashlib
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,14 @@ def scenario(workload: str, request_id: str) -> str:
     return record
 
 
-def held_out(workload: str, request_id: str) -> bool:
+def held_out(workload: str, request_id: str, groups: Mapping[str, str] | None = None) -> bool:
     """Whether a train request is in the quarter ``--validation`` ranks (a hash of its
-    scenario, salted so it is not the one that chose the train split)."""
-    key = f"validation:{scenario(workload, request_id)}".encode()
+    scenario, or of its step group with ``--split-by step``, salted so it is not the one
+    that chose the train split)."""
+    unit = scenario(workload, request_id)
+    if groups is not None:
+        unit = groups.get(unit, unit)
+    key = f"validation:{unit}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % 4 == 0
 
 
@@ -91,8 +96,9 @@ async def measure(name: str, train: int, test: int, predictor: str | None,
     if validation:
         every = await _branches(workload, data, workload.split_size(data, "train") or train,
                                 "train", "train")
-        learnt = [b for b in every if not held_out(name, b[0].request_id)][:train]
-        scored = [b for b in every if held_out(name, b[0].request_id)][:test]
+        groups = workload.groups(data) if split_by == "step" else None
+        learnt = [b for b in every if not held_out(name, b[0].request_id, groups)][:train]
+        scored = [b for b in every if held_out(name, b[0].request_id, groups)][:test]
     else:
         learnt = await _branches(workload, data, train, "train", "train")
         scored = await _branches(workload, data, test, "test", "test")

@@ -149,7 +149,8 @@ def test_a_value_that_answers_another_input_is_returned_but_never_recorded():
     # a's lookup left no record; a's answer names no lookup upstream, b executes its own
     assert served(orch, "b") == [("plan", "cache"), ("lookup", "exec"), ("answer", "cache")]
     stats = orch.mechanism_stats["reuse"]
-    assert stats["unrecordable"] == 1 and stats["open_tickets"] == 0
+    assert stats["not_its_input"] == 1 and stats["unrecordable"] == 0
+    assert stats["open_tickets"] == 0
     assert stats["store"]["in_flight"] == 0
     assert unsafe_splices(orch.log.stages) == []
 

@@ -30,3 +30,13 @@ def test_the_held_out_quarter_keeps_a_scenario_together_and_is_not_the_split():
     # NOTE: salted: among the train side's scenarios some are held out and some learnt
     train = [s for s in by_scenario if split_of(s) == "train"]
     assert {next(iter(by_scenario[s])) for s in train} == {True, False}
+
+
+def test_with_the_step_split_the_held_out_quarter_keeps_a_step_group_together():
+    groups = {f"2hop__{i}": f"2hop__{i - i % 5}" for i in range(400)}  # groups of five
+    sides: dict[str, set[bool]] = {}
+    for question, group in groups.items():
+        sides.setdefault(group, set()).add(
+            bench.held_out("subagent", f"subagent-00001-{question}", groups))
+    assert all(len(s) == 1 for s in sides.values())
+    assert {next(iter(s)) for s in sides.values()} == {True, False}

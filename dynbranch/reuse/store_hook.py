@@ -75,7 +75,8 @@ class StoreReuseHook(ReuseHook):
         self.waiters = Waiters()
         self._open_claims = self._open_writes = 0
         self.counts = {"served_cache": 0, "served_shadow": 0, "served_join": 0,
-                       "executed": 0, "recorded": 0, "unrecordable": 0, "writes": 0,
+                       "executed": 0, "recorded": 0, "unrecordable": 0, "not_its_input": 0,
+                       "writes": 0,
                        "invalidated": 0, "announced": 0, "undeclared_writes": 0}
 
     # -- naming ---------------------------------------------------------------------------
@@ -151,7 +152,7 @@ class StoreReuseHook(ReuseHook):
     def _make_record(self, claim: Claim, outcome: StageOutcome,
                      state: RecordState) -> Record | None:
         if not outcome.recordable:  # NOTE: its value answers another input than its name's
-            self.counts["unrecordable"] += 1
+            self.counts["not_its_input"] += 1
             return None
         # NOTE: a record's read-set is its own reads. What its input was rendered from is
         # its provenance: a write reaches it through the store's cascade, not its reads.

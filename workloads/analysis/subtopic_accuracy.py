@@ -209,9 +209,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--predictor", default="subtopic")
     ap.add_argument("--plan", default=DEFAULT_PLAN, choices=["references", "resolved"])
+    ap.add_argument("--split-by", default="question", choices=["question", "step"])
     args = ap.parse_args()
     row = subtopic_accuracy(
-        n=args.requests, seed=args.seed, predictor=make_predictor(args.predictor), plan=args.plan
+        n=args.requests, seed=args.seed, predictor=make_predictor(args.predictor), plan=args.plan,
+        split_by=args.split_by,
     )
     print(json.dumps(row, indent=1))
 

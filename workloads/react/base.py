@@ -14,9 +14,11 @@ from workloads.musique import (
     DEV_DECOMPOSITIONS,
     SPLIT_BY,
     SPLITS,
+    TRAIN_FULL,
     MusiqueRecord,
     in_split,
     load_decompositions,
+    load_full,
     step_groups,
 )
 from workloads.react.retrieval import MAX_K, TOOL_TIMES
@@ -66,19 +68,25 @@ class MusiqueWorkload(Workload):
 
     def groups(self, data: DataConfig,
                records: tuple[MusiqueRecord, ...] | None = None) -> Mapping[str, str] | None:
-        """The step groups the split goes by (``None``: by question), over this workload's
-        ``records`` (default: its loaded ones) and every dev decomposition of the data
-        directory, so a question has one side in every workload; computed once."""
+        """The step groups the split goes by (``None``: by question), computed once over this
+        workload's ``records`` (default: its loaded ones) and every MuSiQue question file
+        both workloads read (the dev decompositions and the HippoRAG train questions), so a
+        question has one side in every workload whatever the data directory holds."""
         if self.split_by == "question":
             return None
         key = ("step_groups", data.data_dir)
-        if key not in self._loaded:
-            own = self.load(data).records if records is None else records
-            universe = list(own)
-            decompositions = Path(data.data_dir or ".") / "musique" / DEV_DECOMPOSITIONS
-            if self.name != "subagent" and decompositions.is_file():  # NOTE: its own records
-                universe += load_decompositions(decompositions)
-            self._loaded[key] = step_groups(universe)
+        if key in self._loaded:
+            return self._loaded[key]
+        own = self.load(data).records if records is None else records
+        if key in self._loaded:  # NOTE: loading computed them (Sub-Agent's train history)
+            return self._loaded[key]
+        universe = list(own)
+        musique = Path(data.data_dir) / "musique"  # NOTE: loading found it
+        if (musique / DEV_DECOMPOSITIONS).is_file():
+            universe += load_decompositions(musique / DEV_DECOMPOSITIONS)
+        if (musique / TRAIN_FULL).is_file():
+            universe += load_full(musique / TRAIN_FULL, "train100")
+        self._loaded[key] = step_groups(universe)
         return self._loaded[key]
 
     def split_size(self, data: DataConfig, split: str) -> int:
