@@ -135,17 +135,16 @@ class ApiTool(Tool):
             return f"{self.owner}/{cls}"
         return f"state:{self.state.lineage[cls]}/{cls}"
 
-    def _names(self, fields: Mapping[str, Any], resource: str) -> bool:
-        """Whether the call's input names the state it ran on (``resource``, read before the
-        call). An executor's input carries the lineage it was rendered on, and its reuse
-        name with it; a parallel call, or the request's own path while a fill waited, may
-        have moved the state on since: the value then answers another input."""
+    def _names(self, fields: Mapping[str, Any], cls: str) -> bool:
+        """Whether the call's input names the state of ``cls`` it is about to run on. An
+        executor's input carries the lineage it was rendered on, and its reuse name with it;
+        a parallel call, or the request's own path while a fill waited, may have moved the
+        state on since: the value then answers another input."""
         scope = fields.get("scope")
         named = scope.get("state") if isinstance(scope, Mapping) else None
         if not isinstance(named, Mapping):
             return True  # the input names no lineage (a direct call): nothing to disagree with
-        cls = resource.rsplit("/", 1)[1]
-        return resource == f"state:{named.get(cls)}/{cls}"
+        return named.get(cls) == self.state.lineage[cls]
 
     def cost_for(self, fields: Mapping[str, Any]) -> ToolCost:
         """What a call with these fields will be charged."""
@@ -185,12 +184,13 @@ class ApiTool(Tool):
             raise ToolInputError(TOOL_NAME, text, str(e)) from None
         self.cost = self.cost_for(fields)
         before, key = self.state.versions[cls], self.resource(cls)
+        recordable = self.owner is not None or self._names(fields, cls)
         try:
             value = self.state.execute(cls, call, bound)
         except Exception as e:
             raise ToolExecutionError(TOOL_NAME, text, f"{type(e).__name__}: {e}") from e
         if self.owner is None:  # a lineage never changes: it is read at version 0, never written
-            return ToolResult(value, reads={key: "0"}, recordable=self._names(fields, key))
+            return ToolResult(value, reads={key: "0"}, recordable=recordable)
         after = self.state.versions[cls]
         writes = {key: str(after)} if after != before else {}
         return ToolResult(value, reads={key: str(before)}, writes=writes)
