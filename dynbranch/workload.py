@@ -34,7 +34,8 @@ class ToolResult:
     ``recordable`` false: the value does not answer the input the call was named by, e.g.
     the input named a state the request had left by the time the call ran (a parallel call
     or the request's own path moved it on while this one waited on C1). The caller still
-    gets the value; C1 records nothing under that name, and a fill stops.
+    gets the value; C1 records nothing under that name, and a fill stops (a fill asks
+    :meth:`Tool.answers` first, so it does not run such a call at all).
     """
 
     value: Any
@@ -135,6 +136,16 @@ class Tool(ABC):
         window (the reuse hook counts it as ``undeclared_writes``).
         """
         return NO_WRITES if self.is_read_only(fields) else ANY_WRITES
+
+    def answers(self, fields: Mapping[str, Any]) -> bool:
+        """Whether a call with these rendered fields, run now, would answer the input it
+        was named by (its result :attr:`~ToolResult.recordable`). Asked before a fill runs
+        a call: a value that answers another input is no use to it, so it stops first.
+
+        The default: every call answers its own input. A tool whose input names a state the
+        call may no longer run on (a lineage its request has moved on from) overrides it.
+        """
+        return True
 
     @abstractmethod
     def call(self, fields: Mapping[str, Any]) -> ToolResult:

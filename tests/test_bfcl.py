@@ -742,8 +742,9 @@ def test_a_read_on_a_state_the_request_has_left_is_not_recordable():
     request, tool = _tool()
     values = request.executor_values
     ls_before = values("ls()")
-    assert tool.call(ls_before).recordable
+    assert tool.answers(ls_before) and tool.call(ls_before).recordable
     tool.call(values("cd(folder='notes')"))
+    assert not tool.answers(ls_before)  # a fill asks this first, and does not run it
     late = tool.call(ls_before)
     assert not late.recordable
     moved = request.state.lineage["GorillaFileSystem"]
@@ -751,6 +752,8 @@ def test_a_read_on_a_state_the_request_has_left_is_not_recordable():
     assert tool.call(values("ls()")).recordable  # rendered on the state it runs on
     # another class's lineage did not move: its reads still name their state
     assert tool.call(ls_before | {"call": "mean(numbers=[1.0, 2.0])"}).recordable
+    assert tool.answers(ls_before | {"call": "mean(numbers=[1.0, 2.0])"})
+    assert tool.answers(values("ls()")) and tool.answers(ls_before | {"call": "nope("})
 
 
 def fresh(state):

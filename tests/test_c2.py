@@ -63,31 +63,53 @@ def test_fills_run_every_candidate_and_the_winner_is_promoted():
 
 
 class _MovedOnToy(ToyRequest):
-    """Its lookups answer another input than the one they were named by (see ToolResult)."""
+    """Its lookups answer another input than the one they were named by (see ToolResult):
+    ``ahead`` the tool says so before a call runs (:meth:`Tool.answers`), else only in the
+    result. ``calls`` counts the calls that ran."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, ahead: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        inner = self._tool
+        inner, calls = self._tool, []
+        self.calls = calls
 
         class Moved(type(inner)):
+            def answers(self, fields):
+                return not ahead
+
             def call(self, fields):
+                calls.append(fields)
                 return dataclasses.replace(inner.call(fields), recordable=False)
 
         self._tool = Moved(self.request_id, False)
 
 
-def test_a_fill_whose_tool_answers_another_input_stops_and_leaves_no_shadow():
-    records, orch, loads = run("c2", [_MovedOnToy(1, context_words=2500)])
+def _moved_on_run(ahead):
+    request = _MovedOnToy(1, context_words=2500, ahead=ahead)
+    records, orch, loads = run("c2", [request])
     assert records[0].status == "completed" and records[0].correct == 1.0
-    spec = [s for s in orch.log.stages if s.speculative]
-    assert spec == []  # every fill stopped at its lookup, before it was charged or logged
     canon = {s.stage: s.served_from for s in orch.log.stages if not s.speculative}
     assert canon == {"plan": "exec", "lookup": "exec", "answer": "exec"}
     fills = orch.mechanism_stats["speculation"]["fills"]
     assert fills["issued"] == 3 and fills["consumed"] == 0 and fills["running"] == 0
+    assert fills["stopped"] == 3
     store = orch.mechanism_stats["reuse"]["store"]
     assert store["in_flight"] == 0 and store["puts"] == 0  # no shadow was left
     assert all(load.running == 0 and load.waiting == 0 for load in loads)
+    return request, [s for s in orch.log.stages if s.speculative]
+
+
+def test_a_fill_stops_before_a_tool_call_that_would_answer_another_input():
+    request, spec = _moved_on_run(ahead=True)
+    assert spec == []  # every fill stopped at its lookup before the call ran
+    assert len(request.calls) == 1  # the canonical lookup's call only
+
+
+def test_a_fill_whose_tool_answers_another_input_is_charged_logged_and_stops():
+    # a tool that only tells in its result: the call ran, so it is charged and logged
+    request, spec = _moved_on_run(ahead=False)
+    assert len(request.calls) == 4  # three fills' lookups and the canonical one
+    assert sorted(s.stage for s in spec) == ["lookup"] * 3
+    assert all(s.error and not s.output_digest and s.end > s.start for s in spec)
 
 
 def test_promoted_values_equal_what_the_floor_computes():

@@ -107,13 +107,20 @@ class FillContext:
     async def _call_tool(self, call: StageCall, name: str, trace: FillStage,
                          start: float) -> StageOutcome:
         tool = self._state.instance.tool(call.stage.tool)
-        result, measured = self._ex.call_tool(call, tool)
-        if not result.recordable:
+        if not tool.answers(call.rendered.fields):
             # NOTE: the state this call named moved on while the fill waited (on C1, or
-            # behind the request's own path): its value answers no question the request asks
+            # behind the request's own path): its value would answer no question the
+            # request asks, so the fill stops before the call runs (nothing to charge)
             raise NotSpeculable(f"stage {call.stage.name}: the state it named has moved on")
+        result, measured = self._ex.call_tool(call, tool)
         await self._ex.charge(tool, measured)
+        moved = "" if result.recordable else "answers another input than its name"
         row = self._ex.row(call, start, seq=-1, coordinate=self._fill.coordinate,
                            engine=tool.name, reuse_name=name, output=result.value,
-                           speculative=True, fill=self._fill.candidate, tool_result=result)
+                           error=moved, speculative=True, fill=self._fill.candidate,
+                           tool_result=result)
+        if moved:
+            # NOTE: a tool that only tells after the call: the call ran and was charged and
+            # logged (its row's error says why no shadow came of it), and the fill stops
+            raise NotSpeculable(f"stage {call.stage.name}: the value {moved}")
         return StageOutcome(result.value, dict(result.reads), {}, tool.name, row.duration)

@@ -146,6 +146,17 @@ class ApiTool(Tool):
             return True  # the input names no lineage (a direct call): nothing to disagree with
         return named.get(cls) == self.state.lineage[cls]
 
+    def answers(self, fields: Mapping[str, Any]) -> bool:
+        """Whether the call, run now, reads the state its input names (a shared workspace,
+        or a call that does not bind: nothing to disagree with)."""
+        if self.owner is not None:
+            return True
+        try:
+            cls, _ = self.state.bind(parse_call(fields.get("call")))
+        except (CallSyntaxError, LookupError, TypeError):
+            return True  # refused when it runs, as on the canonical path
+        return self._names(fields, cls)
+
     def cost_for(self, fields: Mapping[str, Any]) -> ToolCost:
         """What a call with these fields will be charged."""
         if self.tool_time == "measured":
