@@ -7,7 +7,11 @@ noise at any rate, and fills per request falling as load rises.
 
 Paper (Routing, 32B/H200): C1 removes 40–48 % of the floor's latency at every rate; C2
 removes a further 0.25–1.39 s; all requests complete; C1-only and full have identical
-accuracy.
+accuracy. "C1's saving follows the request mix rather than the rate": every rate replays one
+mix, a stream at exact-replay share :data:`SHARE` (:mod:`experiments.streams`). The paper
+does not state Fig. 14's mix; 0.22 is the low end of its Fig. 10a, the share Fig. 10's and
+Fig. 11's other panels run at (:mod:`experiments.scaling`), where its 1.8× speedup of
+``full`` is a reduction of 44 %, inside the 40–48 % C1 removes here.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from experiments.facts import with_facts
 from experiments.pairing import with_oracle
 from experiments.plots import pyplot, save
 from experiments.report import Line, facts_why, find, first, gap_pct, page, rows_table
+from experiments.scaling import BASE_SHARE, customize, variant
 from experiments.stats import pct, spread
+from experiments.streams import exact_replay_share
 
 ARMS = ("floor", "c1", "full")
 RATES_QUICK = (0.5, 4.0, 16.0)
@@ -30,9 +36,17 @@ RATES_FULL = (0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0)
 """Light load to past saturation: the floor's mean latency grows ~4× by 16 req/s."""
 QUICK_REQUESTS = 480
 FULL_REQUESTS = 1200
+SHARE = BASE_SHARE
+"""The stream's exact-replay share at every rate (see the module docstring).
+
+NOTE: until 2026-12-07 the cells drew plain streams and relied on the Routing test split
+(437 records on 2026-11-29) being shorter than a stream; since every BFCL category joined
+the workload (3,163 test records) a 1,200-request stream repeated no record, and C1's share
+measured 0–3 %."""
 PAPER = {"c1_share_of_floor": [0.40, 0.48], "c2_further_s": [0.25, 1.39]}
 COLUMNS = (
     "rate",
+    "exact_replay_share",
     "floor_s",
     "c1_s",
     "full_s",
@@ -55,15 +69,13 @@ COLUMNS = (
 def cells(quick: bool) -> list[Cell]:
     """Per seed and rate: the three arms, then the oracle."""
     rates, seeds = (RATES_QUICK, (0,)) if quick else (RATES_FULL, (0, 1))
-    # NOTE: the routing test split holds 437 records; streams longer than that repeat
-    # records (each pass re-shuffled), which is the request mix C1 can reuse. The quick run
-    # (three rates, 480 requests: 43 repeats, so C1's share is small) keeps under ten
-    # minutes on two shared cores: 600 requests at six rates took 14 min with the oracle in
-    # every pair, 520 at four rates 11 min.
+    # NOTE: the quick run (three rates, 480 requests) keeps under ten minutes on two shared
+    # cores: 600 requests at six rates took 14 min with the oracle in every pair, 520 at
+    # four rates 11 min.
     n = QUICK_REQUESTS if quick else FULL_REQUESTS
     return with_oracle(
         [
-            Cell("routing", arm, "default", rate=r, requests=n, seed=s)
+            Cell("routing", arm, variant(SHARE), rate=r, requests=n, seed=s)
             for s in seeds
             for r in rates
             for arm in ARMS
@@ -76,6 +88,7 @@ def _fills_per_request(cell: Cell, result: Any) -> dict[str, Any]:
     return {
         "fills_per_request": s["fills_issued"] / max(1, s["requests"]),
         "promotions": s["promotions"],
+        "exact_replay_share": exact_replay_share(result.requests),
     }
 
 
@@ -94,6 +107,7 @@ def decompose(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         table.append(
             {
                 "rate": rate,
+                "exact_replay_share": mean("floor", "exact_replay_share"),
                 "floor_s": floor,
                 "c1_s": c1,
                 "full_s": full,
@@ -127,8 +141,9 @@ def lines(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Line]
                 f"{100 * t['c1_share']:.1f} %",
                 "40–48 %",
                 f"{gap_pct(t['c1_share'], (0.40, 0.48))}; "
-                f"{facts_why(None, first(rows, rate=t['rate'], arm='c1'))}; C1 "
-                "reuses records the stream repeats (its first 437 requests repeat none)",
+                f"{facts_why(None, first(rows, rate=t['rate'], arm='c1'))}; the stream "
+                f"repeats {100 * t['exact_replay_share']:.0f} % of its requests byte for "
+                "byte, which is what C1 can serve whole",
             )
         )
         out.append(
@@ -200,13 +215,15 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
 
 def run(quick: bool, out: Path) -> Experiment:
     """Fig. 14 on Routing."""
-    rows = run_cells(cells(quick), out, extra=with_facts(_fills_per_request))
+    rows = run_cells(cells(quick), out, extra=with_facts(_fills_per_request),
+                     customize=customize)
     table = decompose(rows)
     setup = (
         "Routing, floor, `c1` and `full` (and the oracle bound) on one open-loop "
-        f"schedule per rate, {QUICK_REQUESTS if quick else FULL_REQUESTS:,} requests per cell (streams "
-        "longer than the 437 test records repeat them, re-shuffled: the recurrence C1 "
-        "reuses)."
+        f"schedule per rate, {QUICK_REQUESTS if quick else FULL_REQUESTS:,} requests per cell, "
+        f"of which a share of {SHARE:g} repeat an earlier request of the stream byte for byte "
+        "(the same mix at every rate: the recurrence C1 reuses; the paper does not state "
+        "its mix, and 0.22 is the low end of its Fig. 10a)."
     )
     report = page(
         "Fig. 14 — load decomposition (Routing)",
