@@ -209,6 +209,18 @@ def test_table1_and_table2_cells_add_the_oracle_to_every_pair():
     assert all(isinstance(c, Cell) for c in table1.cells(True))
 
 
+def test_fig14_replays_one_repeating_mix_at_every_rate():
+    # NOTE: a plain stream shorter than the test split repeats no record, so C1's share of
+    # the decomposition would measure nothing; every cell is drawn at the set share
+    from experiments import fig14
+    from experiments.scaling import tag
+
+    for quick in (True, False):
+        cells = fig14.cells(quick)
+        assert {tag(c, "share") for c in cells} == {f"{fig14.SHARE:g}"}
+        assert {c.arm for c in cells} == {*fig14.ARMS, "oracle"}
+
+
 def test_an_interrupted_cell_stops_the_experiment_and_keeps_its_partial_results(tmp_path):
     import signal
     import threading
