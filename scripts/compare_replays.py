@@ -9,7 +9,8 @@ writes, per cell, the summary's latency numbers and every request's latency; run
 the root of each tree (it imports the code of the current directory). The second prints,
 per cell, how many requests' latencies differ and both summaries' mean and p99.
 ``--shared-state`` replays routing as Table 1's write variant does (multi-turn BFCL records
-sharing one workspace per scenario, so requests of one scenario write what others read).
+sharing one workspace per scenario, drawn from a quarter as many workspaces as requests, so
+requests of one scenario write what others read).
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ def replay(
     """One cell: its summary numbers and each request's latency, by request id."""
     sys.path.insert(0, str(Path.cwd()))
     from dynbranch.driver import ReplayConfig, prepare, run_replay
+    from experiments.table1 import PER_WORKSPACE
 
     options = (
-        {"shared_state": True, "categories": ("multi_turn_base",)}
+        {"shared_state": True, "categories": ("multi_turn_base",),
+         "scenarios": max(1, requests // PER_WORKSPACE)}
         if shared_state and workload == "routing"
         else {}
     )

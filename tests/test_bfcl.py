@@ -1115,3 +1115,20 @@ def test_real_remote_api_cost_and_raising_call(real):
             }
         )
     assert isinstance(err.value.__cause__, ValueError)
+
+
+def test_a_stream_drawn_from_few_workspaces_sends_several_requests_to_each():
+    # NOTE: Table 1's write variant: a stream drawn from every workspace of a large split
+    # would repeat none, and its interleaved writes would test nothing
+    every = fixture_requests(n=12, seed=1, shared_state=True)
+    few = fixture_requests(n=12, seed=1, shared_state=True, scenarios=2)
+    workspace = lambda r: r.record.scenario or r.record.id  # noqa: E731
+    assert len({workspace(r) for r in few}) == 2 < len({workspace(r) for r in every})
+    shared = [r for r in few if r.scope is not None and "shared" in r.scope]
+    states = {id(r._state) for r in shared}
+    assert shared and len(states) <= 2 and len(shared) > len(states)  # requests share one
+    again = fixture_requests(n=12, seed=1, shared_state=True, scenarios=2)
+    assert [r.request_id for r in again] == [r.request_id for r in few]  # seeded
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="scenarios"):
+            fixture_requests(n=2, scenarios=bad)

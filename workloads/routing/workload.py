@@ -80,6 +80,15 @@ def draw(pool: Sequence[Record], n: int, seed: int) -> list[Record]:
     return out
 
 
+def few_scenarios(pool: Sequence[Record], k: int, seed: int) -> list[Record]:
+    """The records of ``pool`` that act on ``k`` of its workspaces (seeded; all of them when
+    it has fewer), in ``pool``'s order. A single-turn record acts on none: it counts as one
+    of its own."""
+    names = list(dict.fromkeys(r.scenario or r.id for r in pool))
+    chosen = set(random.Random(f"scenarios|{seed}").sample(names, min(k, len(names))))
+    return [r for r in pool if (r.scenario or r.id) in chosen]
+
+
 class RoutingWorkload(Workload):
     """BFCL function routing over every category it can score (:mod:`workloads.routing.categories`).
 
@@ -95,6 +104,11 @@ class RoutingWorkload(Workload):
     that they all read and write, as a tenant's file system would be: their calls interleave,
     so one request's writes change what another reads (Table 1's write variant). Accuracy
     against BFCL's per-record ground truth then no longer applies and is not a result.
+    ``scenarios=N`` draws a stream from the records of N of the split's workspaces only (a
+    seeded choice; a single-turn record is a workspace of its own), so that a stream shorter
+    than the split still sends several requests to one workspace: with ``shared_state``
+    those interleave their reads and writes, which a stream that never repeats a workspace
+    would not test.
     """
 
     name = "routing"
@@ -111,7 +125,12 @@ class RoutingWorkload(Workload):
         shared_state: bool = False,
         decode_lengths: str = "modelled",
         decode_scale: float = SCALE,
+        scenarios: int | None = None,
     ) -> None:
+        if scenarios is not None and (isinstance(scenarios, bool) or not isinstance(scenarios, int)
+                                      or scenarios < 1):
+            raise ConfigError(f"scenarios={scenarios!r} must be a whole number >= 1")
+        self.scenarios = scenarios
         self.decode_lengths = check_mode(decode_lengths)
         if not (decode_scale >= 0 and math.isfinite(decode_scale)):
             raise ConfigError(f"decode_scale={decode_scale} must be a finite number >= 0")
@@ -174,6 +193,8 @@ class RoutingWorkload(Workload):
                 f"routing: the {split} split of {bfcl.root} has no records "
                 f"in categories {list(self.categories)}"
             )
+        if self.scenarios is not None:
+            pool = few_scenarios(pool, self.scenarios, seed)
         workspaces: dict[str, tuple[str, ApiState]] = {}
         drawn = draw(pool, n, seed)
 
