@@ -11,7 +11,7 @@ accuracy. "C1's saving follows the request mix rather than the rate": every rate
 mix, a stream at exact-replay share :data:`SHARE` (:mod:`experiments.streams`). The paper
 does not state Fig. 14's mix; 0.22 is the low end of its Fig. 10a, the share Fig. 10's and
 Fig. 11's other panels run at (:mod:`experiments.scaling`), where its 1.8× speedup of
-``full`` is a reduction of 44 %, inside the 40–48 % C1 removes here.
+``full`` is a reduction of 44 %, inside the 40–48 % it reports C1 removing in Fig. 14.
 """
 
 from __future__ import annotations
