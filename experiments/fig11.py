@@ -145,8 +145,7 @@ def _drafter_stats(cell: Cell, result: Any) -> dict[str, Any]:
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``full`` (``full-sweep`` for a drafter) per configuration (mean over seeds); Welch of
-    each drafter's per-seed
-    speedups against the 0.6B's."""
+    each drafter's per-seed speedups against the 0.6B's."""
     add_speedup(rows)
     for r in rows:
         r["panel"] = r["variant"].split(",")[0].split("=")[1]

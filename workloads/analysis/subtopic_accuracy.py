@@ -173,7 +173,7 @@ def fit_weights(
     data = _data(data_dir)
     workload = SubAgentWorkload(plan=plan, split_by=split_by)
     records = workload.records(data, "train")
-    groups = workload.groups(data) or {r.id: r.id for r in records}
+    groups = workload.groups(data) or {}  # NOTE: by question, each its own group
     plans = [known_plan(r, plan) for r in records]
     members: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(records):
