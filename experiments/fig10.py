@@ -19,7 +19,16 @@ from typing import Any
 from experiments.common import Cell, Experiment, run_cells, sweep_settings
 from experiments.facts import with_facts
 from experiments.plots import line_with_sd, pyplot, save
-from experiments.report import Line, facts_why, first, gap_ratio, mean_rows, page, rows_table
+from experiments.report import (
+    Line,
+    facts_why,
+    first,
+    gap_ratio,
+    mean_rows,
+    over_seeds,
+    page,
+    rows_table,
+)
 from experiments.report import spread_of as sof
 from experiments.scaling import (
     BASE_PROFILE,
@@ -96,7 +105,7 @@ def lines(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Line]
     out = []
     for share in SHARES:
         t = first(table, variant=variant(share, panel="a"))
-        floor = first(rows, arm="floor", variant=variant(share, panel="a"))
+        floor = over_seeds(rows, arm="floor", variant=variant(share, panel="a"))
         paper = PAPER["speedup_by_share"].get(f"{share:g}")
         ours = sof(t, "speedup")
         out.append(
@@ -110,7 +119,7 @@ def lines(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Line]
         )
     for size in SIZES:
         v = variant(BASE_SHARE, panel="b", size=size)
-        t, floor = first(table, variant=v), first(rows, arm="floor", variant=v)
+        t, floor = first(table, variant=v), over_seeds(rows, arm="floor", variant=v)
         ours = sof(t, "speedup")
         out.append(
             Line(

@@ -30,7 +30,16 @@ from experiments.common import Cell, Experiment, run_cells, sweep_settings
 from experiments.drafter_sweep import SWEEP_ARM, swept_arm
 from experiments.facts import with_facts
 from experiments.plots import bars_vs_paper, pyplot, save
-from experiments.report import Line, facts_why, first, gap_ratio, mean_rows, page, rows_table
+from experiments.report import (
+    Line,
+    facts_why,
+    first,
+    gap_ratio,
+    mean_rows,
+    over_seeds,
+    page,
+    rows_table,
+)
 from experiments.report import spread_of as sof
 from experiments.scaling import (
     BASE_PROFILE,
@@ -164,7 +173,7 @@ def lines(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Line]
     out = []
     for profile, label in BACKBONES.items():
         v = variant(BASE_SHARE, panel="a", profile=profile)
-        t, floor = first(table, variant=v), first(rows, arm="floor", variant=v)
+        t, floor = first(table, variant=v), over_seeds(rows, arm="floor", variant=v)
         ours = sof(t, "speedup")
         acc = t.get("accuracy_delta")
         out.append(

@@ -25,7 +25,7 @@ from experiments.common import Cell, Experiment, run_cells
 from experiments.facts import with_facts
 from experiments.pairing import with_oracle
 from experiments.plots import pyplot, save
-from experiments.report import Line, facts_why, find, first, gap_pct, page, rows_table
+from experiments.report import Line, facts_why, find, gap_pct, over_seeds, page, rows_table
 from experiments.scaling import BASE_SHARE, customize, variant
 from experiments.stats import pct, spread
 from experiments.streams import exact_replay_share
@@ -134,14 +134,14 @@ def lines(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Line]
     """Per rate: C1's share, C2's further saving, the tail; then the trend of fills."""
     out = []
     for t in table:
-        floor = first(rows, rate=t["rate"], arm="floor")
+        floor = over_seeds(rows, rate=t["rate"], arm="floor")
         out.append(
             Line(
                 f"λ = {t['rate']:g}: C1's share of the floor's latency",
                 f"{100 * t['c1_share']:.1f} %",
                 "40–48 %",
                 f"{gap_pct(t['c1_share'], (0.40, 0.48))}; "
-                f"{facts_why(None, first(rows, rate=t['rate'], arm='c1'))}; the stream "
+                f"{facts_why(None, over_seeds(rows, rate=t['rate'], arm='c1'))}; the stream "
                 f"repeats {100 * t['exact_replay_share']:.0f} % of its requests byte for "
                 "byte, which is what C1 can serve whole",
             )
@@ -151,7 +151,7 @@ def lines(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Line]
                 f"λ = {t['rate']:g}: C2's further saving (c1 − full)",
                 f"{t['delta_c2_s']:+.3f} s",
                 "0.25–1.39 s",
-                f"{facts_why(floor, first(rows, rate=t['rate'], arm='full'))}",
+                f"{facts_why(floor, over_seeds(rows, rate=t['rate'], arm='full'))}",
             )
         )
         out.append(
@@ -217,6 +217,11 @@ def run(quick: bool, out: Path) -> Experiment:
     """Fig. 14 on Routing."""
     rows = run_cells(cells(quick), out, extra=with_facts(_fills_per_request),
                      customize=customize)
+    return experiment(rows, quick)
+
+
+def experiment(rows: list[dict[str, Any]], quick: bool) -> Experiment:
+    """Fig. 14's report, table and figure from its rows (a run's, or its ``summary.json``'s)."""
     table = decompose(rows)
     setup = (
         "Routing, floor, `c1` and `full` (and the oracle bound) on one open-loop "

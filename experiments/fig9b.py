@@ -21,7 +21,7 @@ from experiments.facts import with_facts
 from experiments.pairing import add_relative
 from experiments.plots import line_with_sd, pyplot, save
 from experiments.rates import canonical_llm_s, rate_for
-from experiments.report import Line, facts_why, first, mean_rows, page, rows_table
+from experiments.report import Line, facts_why, first, mean_rows, over_seeds, page, rows_table
 from experiments.report import spread_of as sof
 from experiments.stats import fmt
 from experiments.width import ORACLE_FANOUT, RHO, WHY, WORKLOAD, plan_branch_facts, replay
@@ -86,7 +86,7 @@ def lines(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[Line]
     out = []
     for w in WORKERS:
         t = first(table, variant=f"W={w}")
-        floor = first(rows, arm="floor", variant=f"W={w}")
+        floor = over_seeds(rows, arm="floor", variant=f"W={w}")
         ours, paper = sof(t, "mean_latency_s"), PAPER["mean_latency_s"].get(w)
         out.append(
             Line(

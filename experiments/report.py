@@ -215,6 +215,14 @@ def first(rows: Iterable[Mapping[str, Any]], **match: Any) -> Mapping[str, Any] 
     return found[0] if found else None
 
 
+def over_seeds(rows: Iterable[Mapping[str, Any]], **match: Any) -> Mapping[str, Any] | None:
+    """The rows matching, as one row of their means over seeds (:func:`mean_rows`; ``None``
+    when none match): what a report quotes for a cell, where :func:`first` would quote only
+    the first seed's row."""
+    found = find(rows, **match)
+    return mean_rows(found, by=list(match))[0] if found else None
+
+
 def column(rows: Iterable[Mapping[str, Any]], key: str) -> list[Any]:
     """``key`` of every row (``None`` where absent)."""
     return [r.get(key) for r in rows]

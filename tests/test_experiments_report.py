@@ -15,6 +15,7 @@ from experiments.report import (
     gap_pct,
     gap_ratio,
     mean_rows,
+    over_seeds,
     page,
     rows_table,
     spread_of,
@@ -128,6 +129,18 @@ def test_mean_rows_spreads_over_seeds():
     s = spread_of(t, "reduction_vs_floor")
     assert s.mean == pytest.approx(0.2) and s.sd == pytest.approx(0.1414213, abs=1e-6)
     assert as_change(s).mean == pytest.approx(-0.2)
+
+
+def test_over_seeds_quotes_the_mean_of_every_seed_not_the_first():
+    rows = [
+        _row("floor", 2.0, seed=0, f_llm_output_tokens=100.0, f_llm_stage_s=1.0),
+        _row("c2", 1.0, seed=0),
+        _row("floor", 4.0, seed=1, f_llm_output_tokens=300.0, f_llm_stage_s=3.0),
+    ]
+    floor = over_seeds(rows, arm="floor")
+    assert (floor["arm"], floor["seeds"], floor["mean_latency_s"]) == ("floor", 2, 3.0)
+    assert "decode 200 tokens (2.00 s)" in facts_why(floor)
+    assert over_seeds(rows, arm="oracle") is None
 
 
 def test_rows_table_prints_whole_numbers_without_decimals():
