@@ -186,6 +186,7 @@ def report(
     llm_s: Mapping[tuple[str, str], float],
     seeds: int,
     n: int,
+    routing_share: float,
 ) -> str:
     """Fig. 8's ``report.md``."""
     rate_lines = "\n".join(
@@ -195,7 +196,10 @@ def report(
     )
     setup = (
         f"Four workloads × arms floor, c1, c2, full and the five baselines (plus the oracle "
-        f"bound in each pair), {n} requests per cell, virtual clock, four engines. "
+        f"bound in each pair), {n} requests per cell, virtual clock, four engines. Routing's "
+        f"streams repeat an earlier request byte for byte at a share of {routing_share:g} "
+        "(Fig. 14's mix; a plain stream from its 3,163 test records repeats none, and the "
+        "paper states no mix); the other workloads' streams are drawn plain. "
         "Deployments: `32b-h200` (Qwen3-32B on H200 NVL, one box) and `8b-4090` (Qwen3-8B "
         "on RTX 4090, separate nodes, every engine call across the modelled `vastai-wan` "
         "network: 21.6 ms RTT, 500 Mbit/s). Rates from each pilot's canonical LLM seconds "
