@@ -167,6 +167,28 @@ def test_a_repetition_cell_runs_at_its_share_and_pairs_with_its_oracle(tmp_path)
     assert full["oracle_reduction"] == pytest.approx(oracle["reduction_vs_floor"])
 
 
+def test_fig8_routing_cells_replay_fig14s_mix_and_the_others_their_own_streams(tmp_path):
+    # NOTE: a plain Routing stream shorter than the test split repeats no record, so its c1
+    # would be the floor and "C2 over C1-only" C2 over the floor
+    from experiments import fig8, fig14
+
+    assert fig8.ROUTING_SHARE == fig14.SHARE
+    cells = _fixture(
+        [
+            Cell("routing", arm, "32b-h200/low", 1.0, 6, 0, fig8.replay("32b-h200"))
+            for arm in ("floor", "c1")
+        ]
+    )
+    rows = run_cells(cells, tmp_path, extra=with_facts(fig8._cell_info),
+                     customize=fig8.customize)
+    repeats = round(fig8.ROUTING_SHARE * 6)
+    assert repeats >= 1
+    assert [r["exact_replay_share"] for r in rows] == [repeats / 6] * 2
+    assert [(r["deployment"], r["load"]) for r in rows] == [("32b-h200", "low")] * 2
+    prepared = object()
+    assert fig8.customize(dataclasses.replace(cells[0], workload="react"), prepared) is prepared
+
+
 def test_a_drafter_cell_drafts_with_the_swept_accuracy(tmp_path):
     from experiments import fig11
 
@@ -207,6 +229,44 @@ def test_table1_and_table2_cells_add_the_oracle_to_every_pair():
         _one_floor_one_oracle(module.cells(True))
     _one_floor_one_oracle(fig13.cells(True, "entity"), fig13.PAIR)
     assert all(isinstance(c, Cell) for c in table1.cells(True))
+
+
+def test_fig8_refuses_an_unknown_or_empty_workload_list_before_running(tmp_path):
+    from experiments import fig8
+
+    for bad in (("nope",), ()):
+        with pytest.raises(UnknownNameError):
+            fig8.run(True, tmp_path, bad)
+    with pytest.raises(SystemExit):
+        fig8.main(["--workload", "nope", "--out", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
+
+
+def test_table2_measures_c2_over_c1_only_where_c1_has_repeats_to_serve(tmp_path):
+    # NOTE: on a plain Routing stream c1 served 9 stages of 300, so "C2 over C1-only" was C2
+    # over the floor; the pair now runs with a floor and an oracle of its own at the share
+    from experiments import table2
+    from experiments.scaling import tag
+
+    for quick in (True, False):
+        cells = table2.cells(quick)
+        c1 = [c for c in cells if c.arm in ("c1", "full")]
+        assert c1 and all(tag(c, "share") == f"{table2.C1_SHARE:g}" for c in c1)
+        assert all(tag(c, "share") is None for c in cells if c.arm in table2.ARMS[1:])
+        for c in c1:
+            assert {x.arm for x in cells if x.variant == c.variant and x.seed == c.seed} == {
+                *table2.C1_ARMS, "oracle"}
+    mix = [c for c in table2.cells(True) if tag(c, "share") is not None and c.arm != "oracle"]
+    plain = next(c for c in table2.cells(True) if c.workload == "routing" and c.arm == "floor"
+                 and tag(c, "share") is None)
+    rows = run_cells(_fixture([*mix, plain]), tmp_path, extra=with_facts(table2._cell_info),
+                     customize=table2.shaped_stream)
+    shares = {(r["arm"], r["variant"]): r["exact_replay_share"] for r in rows}
+    assert shares[("floor", plain.variant)] == 0.0
+    assert {shares[(c.arm, c.variant)] for c in mix} == {round(table2.C1_SHARE * 6) / 6}
+    assert {r["deployment"] for r in rows} == {"4gpu"}
+    (full,) = [t for t in table2.summarize(rows) if t["arm"] == "full"]
+    assert full["c2_over_c1"] is not None and full["c1_reuse_hits"] is not None
 
 
 def test_fig14_replays_one_repeating_mix_at_every_rate():
