@@ -72,7 +72,7 @@ def change(row: Mapping[str, Any] | None, key: str) -> Spread:
 def _p99_lines(table: list[dict[str, Any]], paper: Mapping[str, Any]) -> list[Line]:
     out = []
     for load, key in (("at-load", "p99_change_at_load"), ("low", "p99_change_low")):
-        for wl in WORKLOADS:
+        for wl in measured(table):
             full = first(table, deployment="32b-h200", load=load, workload=wl, arm="full")
             floor = first(table, deployment="32b-h200", load=load, workload=wl, arm="floor")
             target = paper["hci_p99_change"] if wl == "hci" else paper[key]
@@ -88,10 +88,19 @@ def _p99_lines(table: list[dict[str, Any]], paper: Mapping[str, Any]) -> list[Li
     return out
 
 
+def measured(table: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The workloads the table has rows of, in the figure's order (``python -m
+    experiments.fig8 --workload`` runs some of them)."""
+    have = {t["workload"] for t in table}
+    return [w for w in WORKLOADS if w in have]
+
+
 def _c2_lines(table: list[dict[str, Any]], paper: Mapping[str, Any]) -> list[Line]:
     out = []
     for load, key in (("at-load", "c2_over_c1_at_load"), ("low", "c2_over_c1_low")):
         for wl, target in paper[key].items():
+            if wl not in measured(table):
+                continue
             full = first(table, deployment="32b-h200", load=load, workload=wl, arm="full")
             c1 = first(table, deployment="32b-h200", load=load, workload=wl, arm="c1")
             ours = spread_of(full, "c2_over_c1")
@@ -106,7 +115,7 @@ def _c2_lines(table: list[dict[str, Any]], paper: Mapping[str, Any]) -> list[Lin
                     f"{gap_pct(ours, target)}; {why}",
                 )
             )
-    for load in ("low", "at-load"):
+    for load in ("low", "at-load") if "react" in measured(table) else ():
         full = first(table, deployment="32b-h200", load=load, workload="react", arm="full")
         ours = spread_of(full, "f_discarded_share")
         out.append(
@@ -123,7 +132,7 @@ def _c2_lines(table: list[dict[str, Any]], paper: Mapping[str, Any]) -> list[Lin
 def _commodity_lines(table: list[dict[str, Any]], paper: Mapping[str, Any]) -> list[Line]:
     out = []
     for load in ("at-load", "low"):
-        for wl in WORKLOADS:
+        for wl in measured(table):
             full = first(table, deployment="8b-4090", load=load, workload=wl, arm="full")
             floor = first(table, deployment="8b-4090", load=load, workload=wl, arm="floor")
             cell = f"8B/4090 + WAN {load}, {WORKLOAD_NAMES[wl]}"
@@ -231,10 +240,11 @@ def plot(table: list[dict[str, Any]], path: Path, key: str, what: str) -> None:
     ]
     width = 0.8 / max(1, len(arms))
     for ax, (dep, load, tag) in zip(axes.flat, panels, strict=True):
-        x = np.arange(len(WORKLOADS))
+        x = np.arange(len(measured(table)))
         for i, arm in enumerate(arms):
             found = [
-                first(table, deployment=dep, load=load, workload=w, arm=arm) for w in WORKLOADS
+                first(table, deployment=dep, load=load, workload=w, arm=arm)
+                for w in measured(table)
             ]
             s = [change(f, key) for f in found]
             means = [100 * v.mean if v.mean is not None else np.nan for v in s]
@@ -263,7 +273,7 @@ def plot(table: list[dict[str, Any]], path: Path, key: str, what: str) -> None:
         if what == "mean" and dep == "8b-4090":
             ax.axhspan(-54.6, -29.6, color="grey", alpha=0.15, label="paper full vs floor")
         ax.axhline(0, color="black", lw=0.5)
-        ax.set_xticks(x, [WORKLOAD_NAMES[w] for w in WORKLOADS])
+        ax.set_xticks(x, [WORKLOAD_NAMES[w] for w in measured(table)])
         ax.set_ylabel(f"{what} latency change vs floor (%)")
         ax.set_title(f"{tag} {dep}, {load}", fontsize=9)
     for ax in axes.flat:
