@@ -62,6 +62,18 @@ def test_fills_run_every_candidate_and_the_winner_is_promoted():
     assert unsafe_splices(orch.log.stages) == []
 
 
+def test_a_fill_a_canonical_stage_joins_runs_at_canonical_priority_from_then_on():
+    # the answer decodes long, so the canonical answer joins the fill's still running
+    records, orch, _ = run("c2", [ToyRequest(1, answer_words=400)], workers=1)
+    assert records[0].status == "completed" and records[0].correct == 1.0
+    canon = {s.stage: s.served_from for s in orch.log.stages if not s.speculative}
+    assert canon["answer"] == "join"
+    reuse = orch.mechanism_stats["reuse"]
+    assert reuse["fills_joined"] >= 1 and reuse["served_join"] >= 1
+    # the joined engine call was promoted on its engine (the tool stage has no engine call)
+    assert orch.pool.counts["promoted"] == 1
+
+
 class _MovedOnToy(ToyRequest):
     """Its lookups answer another input than the one they were named by (see ToolResult):
     ``ahead`` the tool says so before a call runs (:meth:`Tool.answers`), else only in the

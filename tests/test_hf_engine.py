@@ -372,6 +372,27 @@ def test_priority_orders_the_waiting_queue(endless_dir: Path):
     assert len({r.first_scheduled_at for r in results}) == 4
 
 
+def test_a_promoted_speculative_request_queues_among_canonical_ones_by_arrival(
+    endless_dir: Path,
+):
+    async def body(engine: HFEngine) -> tuple[list[GenerateResult], list[bool]]:
+        head = engine.generate_stream(GenerateRequest("head", PROMPTS[0], 20))
+        seen = [await first_chunk(head)]
+        spec = asyncio.ensure_future(
+            engine.generate(GenerateRequest("spec", "Hi", 2, priority=SPECULATIVE)))
+        canon = asyncio.ensure_future(engine.generate(GenerateRequest("canon", "Hi", 2)))
+        await asyncio.sleep(0)
+        moved = [await engine.promote("spec"), await engine.promote("spec"),
+                 await engine.promote("canon"), await engine.promote("nobody")]
+        assert engine.load().spec_waiting == 0
+        return list(await asyncio.gather(drain(head, seen), spec, canon)), moved
+
+    results, moved = run_with(endless_dir, body, max_batch=1)
+    assert moved == [True, False, False, False]
+    order = sorted(results, key=lambda r: r.first_scheduled_at)
+    assert [r.request_id for r in order] == ["head", "spec", "canon"]
+
+
 def test_load_snapshot_counts_requests_and_kv(endless_dir: Path, tokenizer: Any):
     async def body(engine: HFEngine) -> None:
         requests = [

@@ -24,6 +24,7 @@ class FakeEngine(EngineClient):
         self.dead = self.hung = False
         self.calls: list[str] = []
         self.aborted: list[str] = []
+        self.promoted: list[str] = []
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         self.calls.append(request.request_id)
@@ -52,6 +53,12 @@ class FakeEngine(EngineClient):
 
     async def abort(self, request_id: str) -> bool:
         self.aborted.append(request_id)
+        return True
+
+    async def promote(self, request_id: str) -> bool:
+        if self.dead:
+            raise EngineDied(self.engine_id, request_id, "actor died")
+        self.promoted.append(request_id)
         return True
 
     async def load(self) -> LoadSnapshot:
@@ -426,3 +433,24 @@ def test_a_cancelled_caller_aborts_its_remote_call(sent_at_once: bool):
     assert pool.counts["abandoned"] == 0
     if sent_at_once:
         assert e0.pending[0].cancelled()
+
+
+def test_promote_reaches_the_engine_running_the_call_and_nothing_else():
+    clock = VirtualClock()
+
+    async def main():
+        pool, engines = pool_of(3, clock)
+        calls = [asyncio.ensure_future(pool.generate("target", req(i))) for i in range(3)]
+        await clock.sleep(0.1)
+        moved = [await pool.promote("r1"), await pool.promote("nobody")]
+        held = next(e for e in engines if "r1" in e.calls)
+        held.dead = True  # NOTE: a failing engine leaves the call as it was; never raises
+        moved.append(await pool.promote("r1"))
+        held.dead = False
+        await asyncio.gather(*calls)
+        moved.append(await pool.promote("r1"))  # finished: nobody holds it
+        return moved, [e.promoted for e in engines], held, pool.counts["promoted"]
+
+    moved, promoted, held, count = clock.run(main())
+    assert moved == [True, False, False, False] and count == 1
+    assert held.promoted == ["r1"] and sum(map(len, promoted)) == 1

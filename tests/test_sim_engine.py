@@ -251,6 +251,52 @@ def test_speculative_request_is_preempted_and_both_finish() -> None:
     assert s.first_token_at < c.finished_at < s.finished_at
 
 
+def test_a_promoted_waiting_fill_queues_among_canonical_requests_by_arrival() -> None:
+    # NOTE: a canonical stage that joins a fill waits on it: it must not wait behind every
+    # canonical request that came after the fill
+    async def main(promote: bool) -> tuple[list[str], list[bool], int]:
+        engine = await started(with_limits(P32, max_num_seqs=1))
+        head = asyncio.ensure_future(engine.generate(request("head", 50, 30, seed=40)))
+        await engine.clock.sleep(0.01)
+        spec = asyncio.ensure_future(
+            engine.generate(request("spec", 50, 5, seed=41, priority=SPECULATIVE)))
+        later = asyncio.ensure_future(engine.generate(request("later", 50, 5, seed=42)))
+        await asyncio.sleep(0)
+        moved = []
+        if promote:
+            moved = [await engine.promote("spec"), await engine.promote("later"),
+                     await engine.promote("nobody")]
+        waiting = engine.load().spec_waiting
+        results = await asyncio.gather(head, spec, later)
+        assert_idle(engine)
+        order = sorted(results, key=lambda r: r.first_scheduled_at)
+        return [r.request_id for r in order], moved, waiting
+
+    assert run(main(False)) == (["head", "later", "spec"], [], 1)
+    assert run(main(True)) == (["head", "spec", "later"], [True, False, False], 0)
+
+
+def test_a_promoted_running_fill_is_no_longer_the_first_victim() -> None:
+    # 10 blocks = 160 tokens; each request needs 119 alone, the two together 238 (as above)
+    async def main() -> tuple[GenerateResult, GenerateResult, int]:
+        engine = await started(kv_blocks=10)
+        spec = asyncio.ensure_future(
+            engine.generate(request("spec", 60, 59, seed=5, priority=SPECULATIVE)))
+        await engine.clock.sleep(0.05)
+        assert engine.load().spec_kv_blocks > 0
+        assert await engine.promote("spec")
+        assert (engine.load().spec_kv_blocks, engine.load().spec_running) == (0, 0)
+        canon = asyncio.ensure_future(engine.generate(request("canon", 60, 59, seed=6)))
+        s, c = await asyncio.gather(spec, canon)
+        assert_idle(engine)
+        return s, c, engine.load().preemptions_total
+
+    s, c, total = run(main())
+    # NOTE: both canonical now: the latest arrival is the victim
+    assert (s.preemptions, c.preemptions, total) == (0, 1, 1)
+    assert s.finish_reason == c.finish_reason == "stop"
+
+
 def test_latest_arrival_is_preempted_among_equals() -> None:
     async def main() -> list[GenerateResult]:
         engine = await started(kv_blocks=10)

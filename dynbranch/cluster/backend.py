@@ -159,6 +159,14 @@ class RayEngineClient(EngineClient):
         with _engine_errors(self.engine_id, request_id):
             return await self._actor.abort.remote(request_id)
 
+    async def promote(self, request_id: str) -> bool:
+        lane = self._open_lane()
+        if lane is not None:
+            return bool(await self._on_lane(lane, "promote", request_id, request_id))
+        self.lane_counts["actor_calls"] += 1
+        with _engine_errors(self.engine_id, request_id):
+            return await self._actor.promote.remote(request_id)
+
     async def load(self) -> LoadSnapshot:
         lane = self._open_lane()
         try:

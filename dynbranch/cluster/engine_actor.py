@@ -91,6 +91,9 @@ class EngineActor:
     async def abort(self, request_id: str) -> bool:
         return await (await self.ready()).abort(request_id)
 
+    async def promote(self, request_id: str) -> bool:
+        return await (await self.ready()).promote(request_id)
+
     async def load(self) -> LoadSnapshot:
         return (await self.ready()).load()
 

@@ -83,6 +83,8 @@ def engine_handler(ready: Callable[[], Awaitable[Engine]]) -> Handler:
             return encode_result(await engine.generate(decode_request(arg)))
         if method == "abort":
             return await engine.abort(arg)
+        if method == "promote":
+            return await engine.promote(arg)
         if method == "load":
             return encode_load(engine.load())
         raise EngineError(f"the engine lane has no call {method!r}")

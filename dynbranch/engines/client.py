@@ -61,6 +61,11 @@ class EngineClient(ABC):
     async def load(self) -> LoadSnapshot:
         """The engine's load snapshot."""
 
+    async def promote(self, request_id: str) -> bool:
+        """Serve a speculative call as canonical from now on (see
+        :meth:`~dynbranch.engines.protocol.Engine.promote`); the default moves nothing."""
+        return False
+
     async def health(self) -> bool:
         """Whether the engine answers and is serving (its health probe); never raises."""
         return True
@@ -91,6 +96,9 @@ class LocalEngineClient(EngineClient):
 
     async def abort(self, request_id: str) -> bool:
         return await self.engine.abort(request_id)
+
+    async def promote(self, request_id: str) -> bool:
+        return await self.engine.promote(request_id)
 
     async def load(self) -> LoadSnapshot:
         return self.engine.load()

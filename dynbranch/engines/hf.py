@@ -49,6 +49,7 @@ from dynbranch.engines.hf_model import IncrementalDetokenizer, KVCache, Runner, 
 from dynbranch.engines.model_ref import resolve_model
 from dynbranch.engines.profile import kv_blocks_for
 from dynbranch.engines.protocol import (
+    CANONICAL,
     SPECULATIVE,
     GenerateChunk,
     GenerateRequest,
@@ -83,10 +84,11 @@ class _Seq:
     cache: KVCache | None = None
     first_scheduled_at: float | None = None
     first_token_at: float | None = None
+    promoted: bool = False  # a speculative call a canonical stage now waits on
 
     @property
     def priority(self) -> int:
-        return self.request.priority
+        return CANONICAL if self.promoted else self.request.priority
 
     @property
     def kv_blocks(self) -> int:
@@ -189,6 +191,17 @@ class HFEngine(QueuedEngine):
         )
         self._wake = asyncio.Event()
         self._loop_task = loop.create_task(self._step_loop(), name=f"{self.engine_id}-steps")
+
+    async def promote(self, request_id: str) -> bool:
+        seq = self._seqs.get(request_id)
+        if seq is None or seq.priority < SPECULATIVE or seq.state not in (WAITING, RUNNING):
+            return False
+        seq.promoted = True
+        if seq.state == WAITING:  # NOTE: it queues among canonical requests by its arrival
+            self._waiting.remove(seq)
+            seq.queue_key = (CANONICAL, seq.queue_key[1])
+            bisect.insort(self._waiting, seq, key=lambda s: s.queue_key)
+        return True
 
     def load(self) -> LoadSnapshot:
         spec_running = [s for s in self._running if s.priority >= SPECULATIVE]

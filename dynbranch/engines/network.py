@@ -106,6 +106,10 @@ class NetworkClient(EngineClient):
         await self._cross(0)
         return await self.inner.abort(request_id)
 
+    async def promote(self, request_id: str) -> bool:
+        await self._cross(0)
+        return await self.inner.promote(request_id)
+
     async def load(self) -> LoadSnapshot:
         await self._cross(0)
         snapshot = await self.inner.load()

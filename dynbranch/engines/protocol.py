@@ -132,6 +132,12 @@ class Engine(ABC):
     async def abort(self, request_id: str) -> bool:
         """Cancel a call by id; returns whether it was still queued or running."""
 
+    async def promote(self, request_id: str) -> bool:
+        """Serve a speculative call as canonical from now on: a canonical stage now waits on
+        its result (it joined a fill). Returns whether the engine holds the call and moved it;
+        the default, for an engine that cannot reorder a call once sent, moves nothing."""
+        return False
+
     @abstractmethod
     def load(self) -> LoadSnapshot:
         """The engine's load now."""

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from dynbranch.engines.blocks import BlockPool, root_hash
 from dynbranch.engines.profile import Profile, attention_pairs, kv_blocks_for
-from dynbranch.engines.protocol import SPECULATIVE, GenerateRequest, GenerateResult
+from dynbranch.engines.protocol import CANONICAL, SPECULATIVE, GenerateRequest, GenerateResult
 from dynbranch.engines.queued import DONE, RUNNING, WAITING
 from dynbranch.engines.tokenizer import encode, tokenize
 from dynbranch.errors import EngineError
@@ -174,15 +174,16 @@ class Seq:
     waiter: Any = None
     streaming: bool = False
     sent: int = 0
+    promoted: bool = False  # a speculative call a canonical stage now waits on
     _positions: dict[bytes, int] | None = field(default=None, repr=False)
 
     @property
     def priority(self) -> int:
-        return self.request.priority
+        return CANONICAL if self.promoted else self.request.priority
 
     @property
     def speculative(self) -> bool:
-        return self.request.priority >= SPECULATIVE
+        return not self.promoted and self.request.priority >= SPECULATIVE
 
     @property
     def remaining(self) -> int:
@@ -305,6 +306,26 @@ class Scheduler:
         seq.blocks, seq.state = [], DONE
         seq.result = self._result(seq, reason, now)
         self.listener.ended(seq)
+
+    def promote(self, seq: Seq) -> bool:
+        """Serve speculative ``seq`` (waiting or running) as canonical from now on: waiting,
+        it queues among canonical requests by its arrival; running, it is no longer the first
+        victim of a preemption, and its blocks stop counting as speculative."""
+        if not seq.speculative:
+            return False
+        if seq.state == WAITING:
+            self.waiting.remove(seq)
+            self.spec_waiting -= 1
+            seq.promoted = True
+            seq.queue_key = (CANONICAL, seq.queue_key[1])
+            bisect.insort(self.waiting, seq, key=lambda s: s.queue_key)
+        elif seq.state == RUNNING:
+            self._unhold(seq)
+            self.spec_running -= 1
+            seq.promoted = True
+        else:
+            return False
+        return True
 
     def hold(self, seq: Seq, blocks: list[int]) -> None:
         """``seq`` (running) took ``blocks``; speculative holdings are counted for load."""

@@ -138,6 +138,18 @@ class SimEngine(Engine):
         self._end_now(seq, "abort")
         return True
 
+    async def promote(self, request_id: str) -> bool:
+        seq = self._seqs.get(request_id)
+        if seq is None or not seq.speculative:
+            return False
+        if self._failure is None:
+            self._advance()
+        self._stepper.settle(seq)
+        if not self._sched.promote(seq):
+            return False
+        self._batch_may_change()  # NOTE: the queue's order changed: the next step re-plans
+        return True
+
     def load(self) -> LoadSnapshot:
         if self._alarm is not None and self._failure is None:
             self._advance()

@@ -141,7 +141,9 @@ class VLLMEngine(Engine):
     ``float32`` where outputs must equal the hf engine's); ``enforce_eager`` skips
     compilation and CUDA graphs (fast start, for tests). Before vLLM starts, the engine checks
     that the weights and one ``max_model_len`` sequence of KV fit the device
-    (:mod:`dynbranch.engines.kv_fit`).
+    (:mod:`dynbranch.engines.kv_fit`). :meth:`promote` is the protocol's default: vLLM sets
+    a request's priority when it is added and offers no call to change it, so a fill a
+    canonical stage joins keeps its speculative priority on this engine.
     """
 
     def __init__(

@@ -6,7 +6,9 @@ Each stage is rendered exactly as the canonical path renders it (the request's o
 * only if the stage is reusable (declared speculable and, for a tool, this call declared
   read-only) and within every budget of the fill (the run's depth, a policy's own bounds) —
   anything else ends the fill (:class:`~dynbranch.errors.NotSpeculable`), never the request;
-* on engines at speculative priority, logged with ``speculative=True``;
+* on engines at speculative priority, logged with ``speculative=True``; an engine call a
+  canonical stage joins (it waits on the fill's result) runs at canonical priority from
+  then on, so the canonical path never waits behind its own speculative queue;
 * into a *shadow* under the stage's reuse name (through the arm's reuse hook), invisible to
   serving paths until the canonical stage renders the same name and promotes it (or joins
   the fill still running).
@@ -14,10 +16,11 @@ Each stage is rendered exactly as the canonical path renders it (the request's o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from dynbranch.engines.protocol import SPECULATIVE
+from dynbranch.engines.protocol import CANONICAL, SPECULATIVE
 from dynbranch.errors import NotSpeculable
 from dynbranch.fill.model import Fill, FillStage
 from dynbranch.reuse.hook import ReuseHook, StageOutcome
@@ -39,6 +42,9 @@ class FillContext:
         self._claimed = claimed
         self.request_id = state.request_id
         self._lineage: Lineage = []  # the fill's own (reuse name, output)
+        self._joined: set[str] = set()  # reuse names a canonical stage waits on
+        self._calls: dict[str, str] = {}  # reuse name → the engine call running it now
+        self._promotions: set[asyncio.Task] = set()
 
     async def llm(self, stage: str, values: Mapping[str, Any]) -> str:
         start = self._ex.rel()  # NOTE: before rendering and the claim, as a canonical stage's
@@ -76,6 +82,7 @@ class FillContext:
         else:
             trace.claimed = slot.reuse_name
             self._claimed(self._fill, slot.reuse_name)
+            self._reuse.when_joined(slot.claim, lambda n=slot.reuse_name: self._on_joined(n))
             clock = self._ex.clock
             start = clock.now()
             try:
@@ -90,12 +97,27 @@ class FillContext:
         remember(self._lineage, slot.reuse_name, value)
         return value
 
+    def _on_joined(self, name: str) -> None:
+        """A canonical stage now waits on this fill's stage ``name``: its engine call (sent,
+        or about to be) runs at canonical priority."""
+        self._joined.add(name)
+        call_id = self._calls.get(name)
+        if call_id is not None:
+            task = asyncio.ensure_future(self._ex.pool.promote(call_id))
+            self._promotions.add(task)
+            task.add_done_callback(self._promotions.discard)
+
     async def _generate(self, call: StageCall, name: str, trace: FillStage,
                         start: float) -> StageOutcome:
         fill = self._fill
         call_id = f"{self.request_id}/{fill.fill_id}/{len(fill.trace)}/{call.stage.name}"
-        client, result = await self._ex.generate(call, self._state.instance, call_id=call_id,
-                                                 priority=SPECULATIVE)
+        priority = CANONICAL if name in self._joined else SPECULATIVE
+        self._calls[name] = call_id
+        try:
+            client, result = await self._ex.generate(call, self._state.instance,
+                                                     call_id=call_id, priority=priority)
+        finally:
+            del self._calls[name]
         row = self._ex.row(call, start, seq=-1, coordinate=fill.coordinate,
                            engine=client.engine_id, reuse_name=name, output=result.text,
                            speculative=True, fill=fill.candidate, result=result)

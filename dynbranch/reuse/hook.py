@@ -27,7 +27,7 @@ C1 and its variants is :class:`~dynbranch.reuse.store_hook.StoreReuseHook`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -175,6 +175,11 @@ class ReuseHook:
     async def drop_shadow(self, name: str) -> bool:
         """Discard a fill's unconsumed shadow; whether one was dropped."""
         return False
+
+    def when_joined(self, claim: Claim, joined: Callable[[], None]) -> None:
+        """Call ``joined`` (once, synchronously) when a canonical stage first waits on the
+        fill's execution ``claim`` names, so the fill can run it at canonical priority from
+        then on. The default never calls it: a hook that joins nothing."""
 
     # -- whole requests ------------------------------------------------------------------
 

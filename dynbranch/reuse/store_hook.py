@@ -33,7 +33,7 @@ their own request, and nothing is reused across requests.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dynbranch.errors import NotSpeculable, ReuseError
@@ -73,8 +73,10 @@ class StoreReuseHook(ReuseHook):
         if name is not None:
             self.name = name
         self.waiters = Waiters()
+        self._on_join: dict[int, Callable[[], None]] = {}  # a fill's ticket → its when_joined
         self._open_claims = self._open_writes = 0
         self.counts = {"served_cache": 0, "served_shadow": 0, "served_join": 0,
+                       "fills_joined": 0,
                        "executed": 0, "recorded": 0, "unrecordable": 0, "not_its_input": 0,
                        "writes": 0,
                        "invalidated": 0, "announced": 0, "undeclared_writes": 0}
@@ -117,11 +119,13 @@ class StoreReuseHook(ReuseHook):
                 if record is not None:
                     return StageLookup(name, self._served(record, "join" if joined else "shadow"))
             elif isinstance(got, JoinInFlight):
+                self._joined(got.ticket_id)  # NOTE: no await before the wait (Waiters.wait)
                 await self.waiters.wait(got.ticket_id)
                 joined = True
                 continue
             ticket = await self.store.begin(name, kb, call.request_id)
             if isinstance(ticket, JoinInFlight):
+                self._joined(ticket.ticket_id)
                 await self.waiters.wait(ticket.ticket_id)
                 joined = True
                 continue
@@ -129,6 +133,16 @@ class StoreReuseHook(ReuseHook):
             break
         self.counts["executed"] += 1
         return StageLookup(name, None, claim, joined=joined)
+
+    def _joined(self, ticket_id: int) -> None:
+        """A canonical stage waits on execution ``ticket_id``: if a fill runs it, say so."""
+        joined = self._on_join.pop(ticket_id, None)
+        if joined is not None:
+            self.counts["fills_joined"] += 1
+            joined()
+
+    def when_joined(self, claim: Claim, joined: Callable[[], None]) -> None:
+        self._on_join[claim.ticket.ticket_id] = joined
 
     def _served(self, record: Record, how: str) -> Served:
         self.counts[f"served_{how}"] += 1
@@ -171,6 +185,7 @@ class StoreReuseHook(ReuseHook):
 
     async def _finish(self, claim: Claim, record: Record | None) -> None:
         self._open_claims -= 1
+        self._on_join.pop(claim.ticket.ticket_id, None)
         try:
             result = await self.store.finish(claim.ticket, record, self.run.clock.now())
             if result is not None and result.stored:

@@ -94,7 +94,9 @@ class EnginePool:
         self.clock, self.health = clock, health or HealthPolicy()
         self._sweep: asyncio.Task | None = None
         self._remote = any(e.client.remote for es in self._engines.values() for e in es)
-        self.counts = {"went_down": 0, "retried": 0, "recovered": 0, "abandoned": 0}
+        self._where: dict[str, _Engine] = {}  # an open call's id → the engine running it
+        self.counts = {"went_down": 0, "retried": 0, "recovered": 0, "abandoned": 0,
+                       "promoted": 0}
 
     def roles(self) -> list[str]:
         return list(self._engines)
@@ -135,6 +137,20 @@ class EnginePool:
                         e.engine_id, e.request_id, e.cause, retried=len(tried) > 1
                     ) from e
                 self.counts["retried"] += 1
+
+    async def promote(self, request_id: str) -> bool:
+        """Have the engine running open call ``request_id`` serve it as canonical from now on
+        (a canonical stage joined the fill that sent it); whether the engine moved it. Never
+        raises: an engine that cannot, or is down, leaves the call as it was."""
+        engine = self._where.get(request_id)
+        if engine is None or not engine.up:
+            return False
+        try:
+            moved = bool(await engine.client.promote(request_id))
+        except Exception:  # NOTE: the call itself goes on; only its priority stays
+            return False
+        self.counts["promoted"] += moved
+        return moved
 
     async def draft(self, request: GenerateRequest) -> GenerateResult:
         """One prediction call on the drafter engines."""
@@ -208,6 +224,7 @@ class EnginePool:
         the next call placed sees it, and the call does not wait for it."""
         engine.open += 1
         client = engine.client
+        self._where[request.request_id] = engine
         try:
             if not client.remote:  # NOTE: in process: it fails by raising, and costs no task
                 if note is not None:
@@ -230,6 +247,8 @@ class EnginePool:
             return await self._race(engine, call, request)
         finally:
             engine.open -= 1
+            if self._where.get(request.request_id) is engine:
+                del self._where[request.request_id]
 
     async def _answer(self, engine: _Engine, started: asyncio.Future,
                       request: GenerateRequest) -> GenerateResult:
