@@ -152,20 +152,20 @@ class RayEngineClient(EngineClient):
             return decode_result(answer(started, self._errors, request.request_id))
 
     async def abort(self, request_id: str) -> bool:
-        lane = self._open_lane()
-        if lane is not None:
-            return bool(await self._on_lane(lane, "abort", request_id, request_id))
-        self.lane_counts["actor_calls"] += 1
-        with _engine_errors(self.engine_id, request_id):
-            return await self._actor.abort.remote(request_id)
+        return await self._by_id("abort", request_id)
 
     async def promote(self, request_id: str) -> bool:
+        return await self._by_id("promote", request_id)
+
+    async def _by_id(self, method: str, request_id: str) -> bool:
+        """A call that names one request by id (``abort``, ``promote``): over the lane when
+        one is open, else as an actor call."""
         lane = self._open_lane()
         if lane is not None:
-            return bool(await self._on_lane(lane, "promote", request_id, request_id))
+            return bool(await self._on_lane(lane, method, request_id, request_id))
         self.lane_counts["actor_calls"] += 1
         with _engine_errors(self.engine_id, request_id):
-            return await self._actor.promote.remote(request_id)
+            return await getattr(self._actor, method).remote(request_id)
 
     async def load(self) -> LoadSnapshot:
         lane = self._open_lane()
