@@ -164,7 +164,7 @@ def add_pair_columns(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run(quick: bool, out: Path, workloads: tuple[str, ...] = WORKLOADS) -> Experiment:
     """Fig. 8: pilots set the rates, then every cell; report and plots. ``workloads``
     narrows it (``python -m experiments.fig8 --workload routing``): the full run of all
-    four takes hours on two cores; the report marks the others' cells not measured."""
+    four takes hours on two cores; the report and plots leave the others out."""
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown or not workloads:
         raise UnknownNameError("fig8 workload", ", ".join(unknown) or "(none)", list(WORKLOADS))

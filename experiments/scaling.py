@@ -15,7 +15,7 @@ from typing import Any
 from experiments.common import Cell
 from experiments.pairing import pair_key
 from experiments.rates import canonical_llm_s, rate_for
-from experiments.streams import repeating, shaped
+from experiments.streams import exact_replay_share, repeating, shaped
 
 WORKLOAD = "routing"
 WHY = (
@@ -84,8 +84,7 @@ def customize(cell: Cell, prepared: Any) -> Any:
 
 def replay_share(cell: Cell, result: Any) -> dict[str, Any]:
     """The stream's measured exact-replay share and the cell's tags."""
-    ids = [r.request_id for r in result.requests]
-    out: dict[str, Any] = {"exact_replay_share": sum("-rep" in i for i in ids) / len(ids)}
+    out: dict[str, Any] = {"exact_replay_share": exact_replay_share(result.requests)}
     out.update({k: tag(cell, k) for k in ("profile", "drafter") if tag(cell, k) is not None})
     return out
 
