@@ -7,7 +7,12 @@ import pytest
 
 from dynbranch.clock import VirtualClock
 from dynbranch.engines.client import DownSnapshot, EngineClient
-from dynbranch.engines.protocol import GenerateRequest, GenerateResult, LoadSnapshot
+from dynbranch.engines.protocol import (
+    SPECULATIVE,
+    GenerateRequest,
+    GenerateResult,
+    LoadSnapshot,
+)
 from dynbranch.errors import EngineDied, NoEngineError
 from dynbranch.gate.load import LoadBudget, LoadView
 from dynbranch.runtime.placement import LeastOutstanding
@@ -78,9 +83,11 @@ class FakeEngine(EngineClient):
         return not (self.dead or self.hung)
 
 
-def req(i: int, *, greedy: bool = True, replay: str | None = None) -> GenerateRequest:
+def req(i: int, *, greedy: bool = True, replay: str | None = None,
+        fill: bool = False) -> GenerateRequest:
     return GenerateRequest(
-        f"r{i}", "hello", 8, replay_text=replay, temperature=0.0 if greedy else 0.7
+        f"r{i}", "hello", 8, replay_text=replay, temperature=0.0 if greedy else 0.7,
+        priority=SPECULATIVE if fill else 0,
     )
 
 
@@ -454,3 +461,41 @@ def test_promote_reaches_the_engine_running_the_call_and_nothing_else():
     moved, promoted, held, count = clock.run(main())
     assert moved == [True, False, False, False] and count == 1
     assert held.promoted == ["r1"] and sum(map(len, promoted)) == 1
+
+
+def test_canonical_calls_are_placed_on_open_canonical_calls_and_fills_on_all():
+    """Fills yield to canonical work, so they do not push canonical calls off an engine;
+    a fill is placed against everything open; a promoted fill counts as canonical."""
+    clock = VirtualClock()
+
+    async def main():
+        pool, engines = pool_of(2, clock)
+        e0, e1 = engines
+        e0.step_s = e1.step_s = 10.0
+        calls = [asyncio.ensure_future(pool.generate("target", req(0)))]  # e0: canonical
+        await clock.sleep(0.1)
+        calls += [asyncio.ensure_future(pool.generate("target", req(i, fill=True)))
+                  for i in (1, 2, 3)]  # e1; then e0 (a tie: the lower); then e1
+        await clock.sleep(0.1)
+        placed = {r: e.engine_id for e in engines for r in e.calls}
+        counts = [(e.open, e.canonical) for e in pool._engines["target"]]
+        # NOTE: e1 holds two fills and e0 a canonical call and a fill: a canonical call
+        # goes to e1, where no canonical call is open, though it has as many calls open
+        calls.append(asyncio.ensure_future(pool.generate("target", req(4))))
+        await clock.sleep(0.1)
+        placed4 = next(e.engine_id for e in engines if "r4" in e.calls)
+        assert await pool.promote("r1")
+        after_promote = [e.canonical for e in pool._engines["target"]]
+        calls.append(asyncio.ensure_future(pool.generate("target", req(5))))  # 1 against 2
+        await asyncio.gather(*calls)
+        placed5 = next(e.engine_id for e in engines if "r5" in e.calls)
+        end = [(e.open, e.canonical) for e in pool._engines["target"]]
+        return placed, counts, placed4, after_promote, placed5, end, pool._canonical
+
+    placed, counts, placed4, after_promote, placed5, end, left = clock.run(main())
+    assert placed == {"r0": "e0", "r1": "e1", "r2": "e0", "r3": "e1"}
+    assert counts == [(2, 1), (2, 0)]
+    assert placed4 == "e1"
+    assert after_promote == [1, 2]  # r1 runs on e1 as canonical work now
+    assert placed5 == "e0"
+    assert end == [(0, 0), (0, 0)] and left == {}

@@ -1,8 +1,10 @@
 """Placement policies: which engine of a role serves a call.
 
 A policy is a small object that picks an index from the engines' outstanding-call counts
-(kept by the orchestrator, so picking costs no round trip to the engines). Arms choose a
-policy by name; cache-aware arms add their own.
+(kept by the pool, so picking costs no round trip to the engines): for a canonical call the
+engines' open canonical calls, for a fill all their open calls (fills yield to canonical
+work; :mod:`dynbranch.runtime.pool` says why). Arms choose a policy by name; cache-aware arms
+add their own.
 """
 
 from __future__ import annotations
