@@ -16,7 +16,7 @@ from dynbranch.engines.protocol import (
 from dynbranch.errors import EngineDied, NoEngineError
 from dynbranch.gate.load import LoadBudget, LoadView
 from dynbranch.runtime.placement import LeastOutstanding
-from dynbranch.runtime.pool import EnginePool, HealthPolicy, idempotent
+from dynbranch.runtime.pool import FILL_LOAD, EnginePool, HealthPolicy, idempotent
 
 
 class FakeEngine(EngineClient):
@@ -463,8 +463,8 @@ def test_promote_reaches_the_engine_running_the_call_and_nothing_else():
     assert held.promoted == ["r1"] and sum(map(len, promoted)) == 1
 
 
-def test_canonical_calls_are_placed_on_open_canonical_calls_and_fills_on_all():
-    """Fills yield to canonical work, so they do not push canonical calls off an engine;
+def test_canonical_calls_weigh_open_fills_at_half_a_call_and_fills_weigh_all():
+    """Fills yield to canonical work, so they weigh less when a canonical call is placed;
     a fill is placed against everything open; a promoted fill counts as canonical."""
     clock = VirtualClock()
 
@@ -499,3 +499,20 @@ def test_canonical_calls_are_placed_on_open_canonical_calls_and_fills_on_all():
     assert after_promote == [1, 2]  # r1 runs on e1 as canonical work now
     assert placed5 == "e0"
     assert end == [(0, 0), (0, 0)] and left == {}
+
+
+def test_fill_load_weighs_fills_against_canonical_calls():
+    clock = VirtualClock()
+    pool, _engines = pool_of(2, clock)
+    e0, e1 = pool._engines["target"]
+    assert FILL_LOAD == 0.5
+
+    def place(fill: bool) -> int:
+        return pool._place("target", req(9, fill=fill), [])[0]
+
+    e0.open, e0.canonical, e1.open, e1.canonical = 3, 0, 1, 1  # 1.5 against 1
+    assert place(fill=False) == 1 and place(fill=True) == 1
+    e0.open, e1.open = 2, 2  # 1 against 1.5; a fill sees 2 against 2
+    assert place(fill=False) == 0 and place(fill=True) == 0
+    e0.open, e0.canonical = 4, 0  # 2 against 1.5
+    assert place(fill=False) == 1 and place(fill=True) == 1

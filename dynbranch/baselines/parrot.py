@@ -189,7 +189,7 @@ class ParrotPlacement(NotingPlacement):
         self.counts = {"session_context": 0, "global_prefix": 0, "no_context": 0,
                        "over_cap": 0, "speculative": 0}
 
-    def place(self, outstanding: Sequence[int],
+    def place(self, outstanding: Sequence[float],
               request: GenerateRequest) -> tuple[int, Noting | None]:
         n = len(outstanding)
         if request.priority > CANONICAL:  # never issued by this arm; placed plainly
@@ -201,7 +201,7 @@ class ParrotPlacement(NotingPlacement):
             pool = list(range(n))
         return self._with_context(pool, outstanding, request), partial(self._remember, request)
 
-    def _with_context(self, pool: list[int], outstanding: Sequence[int],
+    def _with_context(self, pool: list[int], outstanding: Sequence[float],
                       request: GenerateRequest) -> int:
         home = self._home.get(request.session) if request.session else None
         if home is not None and home in pool:
@@ -232,7 +232,7 @@ class ParrotPlacement(NotingPlacement):
         return dict(self.counts)
 
 
-def _least(candidates: Iterable[int], outstanding: Sequence[int]) -> int:
+def _least(candidates: Iterable[int], outstanding: Sequence[float]) -> int:
     return min(candidates, key=lambda i: (outstanding[i], i))
 
 

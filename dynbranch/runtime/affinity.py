@@ -106,7 +106,7 @@ class Match:
     last_served: int
 
 
-def least_outstanding(outstanding: Sequence[int]) -> int:
+def least_outstanding(outstanding: Sequence[float]) -> int:
     """The engine with the fewest open calls, lowest index on ties (as the floor places)."""
     return min(range(len(outstanding)), key=lambda i: (outstanding[i], i))
 
@@ -126,7 +126,7 @@ class PrefixAffinity(NotingPlacement):
         self._tick = 0
         self.counts = {"affinity": 0, "no_affinity": 0, "load_guard": 0}
 
-    def place(self, outstanding: Sequence[int],
+    def place(self, outstanding: Sequence[float],
               request: GenerateRequest) -> tuple[int, Noting]:
         keys, note = self.keys_to_note(request.prompt, request.cache_salt)
         return self.decide(outstanding, keys), note
@@ -186,7 +186,7 @@ class PrefixAffinity(NotingPlacement):
 
     # -- deciding -------------------------------------------------------------------------
 
-    def decide(self, outstanding: Sequence[int], keys: Sequence[bytes]) -> int:
+    def decide(self, outstanding: Sequence[float], keys: Sequence[bytes]) -> int:
         """The engine for a prompt with block ``keys`` (see the module docstring)."""
         while len(self._held) < len(outstanding):
             self._held.append(OrderedDict())
@@ -250,7 +250,7 @@ class AffinityPlacement(NotingPlacement):
         self.prefix = PrefixAffinity(config)
         self._last: OrderedDict[str, int] = OrderedDict()
 
-    def place(self, outstanding: Sequence[int],
+    def place(self, outstanding: Sequence[float],
               request: GenerateRequest) -> tuple[int, Noting]:
         keys, note = self.prefix.keys_to_note(request.prompt, request.cache_salt)
         if request.priority > CANONICAL:

@@ -1,10 +1,10 @@
 """Placement policies: which engine of a role serves a call.
 
 A policy is a small object that picks an index from the engines' outstanding-call counts
-(kept by the pool, so picking costs no round trip to the engines): for a canonical call the
-engines' open canonical calls, for a fill all their open calls (fills yield to canonical
-work; :mod:`dynbranch.runtime.pool` says why). Arms choose a policy by name; cache-aware arms
-add their own.
+(kept by the pool, so picking costs no round trip to the engines): for a fill all their open
+calls, for a canonical call their open canonical calls with each open fill weighed at half a
+call (fills yield to canonical work; :data:`dynbranch.runtime.pool.FILL_LOAD` says why), so a
+count may be fractional. Arms choose a policy by name; cache-aware arms add their own.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ class PlacementPolicy(ABC):
     name: str
 
     @abstractmethod
-    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
+    def choose(self, outstanding: Sequence[float], request: GenerateRequest) -> int:
         """Index of the engine to send ``request`` to, given each engine's open calls (and
         what the policy notes of the call, as if it went there at once)."""
 
-    def place(self, outstanding: Sequence[int],
+    def place(self, outstanding: Sequence[float],
               request: GenerateRequest) -> tuple[int, Noting | None]:
         """:meth:`choose`, with what the policy notes of the call left for later: the engine,
         and a function to call with the engine the call went to once it is sent (``None``:
@@ -46,11 +46,11 @@ class NotingPlacement(PlacementPolicy):
     remembers is where each call was sent, even where the pool overrode its pick."""
 
     @abstractmethod
-    def place(self, outstanding: Sequence[int],
+    def place(self, outstanding: Sequence[float],
               request: GenerateRequest) -> tuple[int, Noting | None]:
         """The engine for ``request``, and what notes the call once it is sent there."""
 
-    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
+    def choose(self, outstanding: Sequence[float], request: GenerateRequest) -> int:
         chosen, note = self.place(outstanding, request)
         if note is not None:
             note(chosen)
@@ -62,7 +62,7 @@ class LeastOutstanding(PlacementPolicy):
 
     name = "least-outstanding"
 
-    def choose(self, outstanding: Sequence[int], request: GenerateRequest) -> int:
+    def choose(self, outstanding: Sequence[float], request: GenerateRequest) -> int:
         return min(range(len(outstanding)), key=lambda i: (outstanding[i], i))
 
 
@@ -84,7 +84,7 @@ class SessionAffinity(NotingPlacement):
         self.slack, self.max_sessions = slack, max_sessions
         self._home: OrderedDict[str, int] = OrderedDict()
 
-    def place(self, outstanding: Sequence[int],
+    def place(self, outstanding: Sequence[float],
               request: GenerateRequest) -> tuple[int, Noting | None]:
         n = len(outstanding)
         home = self._home.get(request.session) if request.session else None

@@ -1,11 +1,10 @@
 """The engines of each model role, where each call goes, and which engines are down.
 
 :class:`EnginePool` keeps each engine's open-call counts (what placement decides on) and its
-health. A canonical call is placed on the engines' open *canonical* calls, a fill on all their
-open calls: fills run below canonical work (queued behind it, preempted first), so an engine
-busy with fills still has room for canonical calls, and counting fills there herds a
-workload's canonical sessions onto the engines that happen to carry fewest fills (measured in
-:meth:`EnginePool._place`). An engine is *down* from the moment a call on it raises
+health. A fill is placed on the engines' open calls; a canonical call on their open canonical
+calls with each open fill weighed at :data:`FILL_LOAD` (half a call): fills run below
+canonical work (queued behind it, preempted first), and counting them whole herds a
+workload's canonical sessions onto the engines that happen to carry fewest fills. An engine is *down* from the moment a call on it raises
 :class:`~dynbranch.errors.EngineDied`, its load cannot be read, or a health sweep finds it
 not serving, until its health probe answers again (Ray restarts a dead engine actor; the
 pool only watches). A down engine gets no calls: placement sees it saturated and the pool
@@ -34,6 +33,26 @@ TARGET_ROLE = "target"
 """The model role whose engines serve the workflow's LLM stages and their fills."""
 DRAFTER_ROLE = "drafter"
 """The model role of the engines predictors draft on (never serves a stage, never priced)."""
+FILL_LOAD = 0.5
+"""What one open fill weighs, against one open canonical call, when a canonical call is placed.
+
+A running fill shares every step it is in like a canonical call; a queued one costs canonical
+work nothing, and any fill yields its slot and KV to canonical work first. Counted whole (as
+until 2026-12-07), fills herded a workload's canonical sessions onto the engine they had left
+quietest: in ``fig8``'s full Routing run (200 requests, 3 seeds) the long multi-turn sessions
+of 8B/4090 seed 2 at load piled onto one 4090, whose routers queued 245 s in all (9-21 s on
+each other engine) and kept 52 % of their prompts cached against 74-89 %; ``full``'s p99 there
+was 160.3 s against the floor's 118.4 s. Measured at weights 0, 0.5 and 1, on that run (all
+four cells: ``python -m experiments.fig8 --workload routing --jobs 2``) and on ``fig14``'s
+Routing mix at 16 req/s (saturated, 480 requests, seeds 0-3), ``full``:
+
+* weight 1 (as before): 8B/4090 at load mean −28.6 % against the floor, p99 +2.7 ± 28.2 % (worse);
+  16 req/s 31.32 s (``c1`` 31.49 s);
+* weight 0: −30.5 %, p99 −10.9 ± 3.6 %; 16 req/s 31.96 s, 1.5 % slower than ``c1``;
+* weight 0.5: −31.2 %, p99 −12.0 ± 0.8 %; 16 req/s 31.28 s.
+
+In the other cells ``full``'s mean moved by under 0.3 points at any weight (its p99 by up to
+1 point). 0.5 was chosen among those three on those cells; no finer sweep was run."""
 
 
 @dataclass(frozen=True)
@@ -215,17 +234,9 @@ class EnginePool:
             )
         # NOTE: a down engine reads saturated to the policy, which then places elsewhere; a
         # policy that picks it anyway (prefix affinity within its guard) is overridden.
-        # NOTE: a canonical call sees the open canonical calls only (see the module
-        # docstring). Measured on fig8's Routing cells (200 requests, 3 seeds), counting
-        # fills too sent the long multi-turn sessions of commodity seed 2 at load to the one
-        # 4090 its fills had left quietest: its routers queued 245 s in all (9-21 s on each
-        # other engine) and kept 52 % of their prompts cached against 74-89 %, and ``full``
-        # ran p99 160.3 s against the floor's 118.4 s (``c2`` 168.1 s). Placed on canonical
-        # calls, 110.3 s (``c2`` 106.0 s) and mean 19.37 → 18.00 s; in that cell SpAgent
-        # and the oracle ran 3.8 and 2.8 % slower, and no other cell's mean moved by more
-        # than 1.1 % (half of them not at all: the floor, c1 and every arm without fills).
-        counts = ([e.canonical for e in engines] if request.priority <= CANONICAL
-                  else [e.open for e in engines])
+        # NOTE: a canonical call weighs the engines' open fills at FILL_LOAD (see there).
+        counts = ([e.canonical + FILL_LOAD * (e.open - e.canonical) for e in engines]
+                  if request.priority <= CANONICAL else [e.open for e in engines])
         outstanding = [c if i in usable else SATURATED for i, c in enumerate(counts)]
         i, note = self._placement[role].place(outstanding, request)
         if i not in usable:
