@@ -463,15 +463,16 @@ def test_promote_reaches_the_engine_running_the_call_and_nothing_else():
     assert held.promoted == ["r1"] and sum(map(len, promoted)) == 1
 
 
-def test_canonical_calls_weigh_open_fills_at_half_a_call_and_fills_weigh_all():
-    """Fills yield to canonical work, so they weigh less when a canonical call is placed;
-    a fill is placed against everything open; a promoted fill counts as canonical."""
+def test_canonical_calls_weigh_open_fills_at_fill_load_and_fills_weigh_all():
+    """With a lighter weight, fills do not push canonical calls off an engine as a canonical
+    call would; a fill is placed against everything open; a promoted fill counts as
+    canonical; every count is back to zero once the calls end."""
     clock = VirtualClock()
 
     async def main():
-        pool, engines = pool_of(2, clock)
+        engines = [FakeEngine(f"e{i}", clock, step_s=10.0) for i in range(2)]
+        pool = EnginePool({"target": engines}, LeastOutstanding, clock=clock, fill_load=0.5)
         e0, e1 = engines
-        e0.step_s = e1.step_s = 10.0
         calls = [asyncio.ensure_future(pool.generate("target", req(0)))]  # e0: canonical
         await clock.sleep(0.1)
         calls += [asyncio.ensure_future(pool.generate("target", req(i, fill=True)))
@@ -479,14 +480,14 @@ def test_canonical_calls_weigh_open_fills_at_half_a_call_and_fills_weigh_all():
         await clock.sleep(0.1)
         placed = {r: e.engine_id for e in engines for r in e.calls}
         counts = [(e.open, e.canonical) for e in pool._engines["target"]]
-        # NOTE: e1 holds two fills and e0 a canonical call and a fill: a canonical call
-        # goes to e1, where no canonical call is open, though it has as many calls open
+        # NOTE: e1 holds two fills (1.0) and e0 a canonical call and a fill (1.5): a canonical
+        # call goes to e1, though it has as many calls open
         calls.append(asyncio.ensure_future(pool.generate("target", req(4))))
         await clock.sleep(0.1)
         placed4 = next(e.engine_id for e in engines if "r4" in e.calls)
         assert await pool.promote("r1")
         after_promote = [e.canonical for e in pool._engines["target"]]
-        calls.append(asyncio.ensure_future(pool.generate("target", req(5))))  # 1 against 2
+        calls.append(asyncio.ensure_future(pool.generate("target", req(5))))  # 1.5 against 2.5
         await asyncio.gather(*calls)
         placed5 = next(e.engine_id for e in engines if "r5" in e.calls)
         end = [(e.open, e.canonical) for e in pool._engines["target"]]
@@ -501,18 +502,33 @@ def test_canonical_calls_weigh_open_fills_at_half_a_call_and_fills_weigh_all():
     assert end == [(0, 0), (0, 0)] and left == {}
 
 
-def test_fill_load_weighs_fills_against_canonical_calls():
+@pytest.mark.parametrize("fill_load", [None, 0.0, 0.5])
+def test_fill_load_weighs_fills_against_canonical_calls(fill_load):
     clock = VirtualClock()
-    pool, _engines = pool_of(2, clock)
+    engines = [FakeEngine(f"e{i}", clock) for i in range(2)]
+    pool = EnginePool({"target": engines}, LeastOutstanding, clock=clock, fill_load=fill_load)
     e0, e1 = pool._engines["target"]
-    assert FILL_LOAD == 0.5
+    weight = FILL_LOAD if fill_load is None else fill_load
+    assert FILL_LOAD == 1.0 and pool.fill_load == weight
 
     def place(fill: bool) -> int:
         return pool._place("target", req(9, fill=fill), [])[0]
 
-    e0.open, e0.canonical, e1.open, e1.canonical = 3, 0, 1, 1  # 1.5 against 1
-    assert place(fill=False) == 1 and place(fill=True) == 1
-    e0.open, e1.open = 2, 2  # 1 against 1.5; a fill sees 2 against 2
-    assert place(fill=False) == 0 and place(fill=True) == 0
-    e0.open, e0.canonical = 4, 0  # 2 against 1.5
-    assert place(fill=False) == 1 and place(fill=True) == 1
+    # e0: three fills; e1: one canonical call. A fill sees 3 against 1; a canonical call
+    # 3 * weight against 1
+    e0.open, e0.canonical, e1.open, e1.canonical = 3, 0, 1, 1
+    assert place(fill=True) == 1
+    assert place(fill=False) == (0 if 3 * weight < 1 else 1)
+    # e0: two fills; e1: a canonical call and a fill. A fill sees a tie (the lower index); a
+    # canonical call 2 * weight against 1 + weight, below it under any lighter weight
+    e0.open, e1.open = 2, 2
+    assert place(fill=True) == 0 and place(fill=False) == 0
+    # e0: four fills; e1 as before: a canonical call sees 4 * weight against 1 + weight
+    e0.open = 4
+    assert place(fill=False) == (0 if 4 * weight < 1 + weight else 1)
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf")])
+def test_fill_load_must_be_a_finite_weight(bad):
+    with pytest.raises(ValueError, match="fill_load"):
+        EnginePool({"target": []}, LeastOutstanding, fill_load=bad)

@@ -2,9 +2,8 @@
 
 :class:`EnginePool` keeps each engine's open-call counts (what placement decides on) and its
 health. A fill is placed on the engines' open calls; a canonical call on their open canonical
-calls with each open fill weighed at :data:`FILL_LOAD` (half a call): fills run below
-canonical work (queued behind it, preempted first), and counting them whole herds a
-workload's canonical sessions onto the engines that happen to carry fewest fills. An engine is *down* from the moment a call on it raises
+calls with each open fill weighed at ``fill_load`` (:data:`FILL_LOAD`, whole by default, which
+says what lighter weights did). An engine is *down* from the moment a call on it raises
 :class:`~dynbranch.errors.EngineDied`, its load cannot be read, or a health sweep finds it
 not serving, until its health probe answers again (Ray restarts a dead engine actor; the
 pool only watches). A down engine gets no calls: placement sees it saturated and the pool
@@ -19,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -33,26 +33,33 @@ TARGET_ROLE = "target"
 """The model role whose engines serve the workflow's LLM stages and their fills."""
 DRAFTER_ROLE = "drafter"
 """The model role of the engines predictors draft on (never serves a stage, never priced)."""
-FILL_LOAD = 0.5
-"""What one open fill weighs, against one open canonical call, when a canonical call is placed.
+FILL_LOAD = 1.0
+"""What one open fill weighs, against one open canonical call, when a canonical call is placed
+(the pool's default; :class:`EnginePool` takes another).
 
 A running fill shares every step it is in like a canonical call; a queued one costs canonical
-work nothing, and any fill yields its slot and KV to canonical work first. Counted whole (as
-until 2026-12-07), fills herded a workload's canonical sessions onto the engine they had left
-quietest: in ``fig8``'s full Routing run (200 requests, 3 seeds) the long multi-turn sessions
-of 8B/4090 seed 2 at load piled onto one 4090, whose routers queued 245 s in all (9-21 s on
-each other engine) and kept 52 % of their prompts cached against 74-89 %; ``full``'s p99 there
-was 160.3 s against the floor's 118.4 s. Measured at weights 0, 0.5 and 1, on that run (all
-four cells: ``python -m experiments.fig8 --workload routing --jobs 2``) and on ``fig14``'s
-Routing mix at 16 req/s (saturated, 480 requests, seeds 0-3), ``full``:
+work nothing; and a canonical call blocked on KV waits for running fills to finish (the engine
+admits in queue order and preempts only for a running sequence's next block, as vLLM v1).
+Measured at weights 0, 0.5 and 1 on 2026-12-07 (virtual clock, ``full``):
 
-* weight 1 (as before): 8B/4090 at load mean −28.6 % against the floor, p99 +2.7 ± 28.2 % (worse);
-  16 req/s 31.32 s (``c1`` 31.49 s);
-* weight 0: −30.5 %, p99 −10.9 ± 3.6 %; 16 req/s 31.96 s, 1.5 % slower than ``c1``;
-* weight 0.5: −31.2 %, p99 −12.0 ± 0.8 %; 16 req/s 31.28 s.
+* ``fig8``'s full Routing run (200 requests, 3 seeds; ``python -m experiments.fig8 --workload
+  routing --jobs 2``). At weight 1 the long multi-turn sessions of 8B/4090 seed 2 at load
+  piled onto the one 4090 the fills had left quietest (fills go off their request's engine,
+  so the engines they fill look busy): its routers queued 245 s in all (9-21 s on each other
+  engine), kept 52 % of their prompts cached against 74-89 %, and ``full``'s p99 was 160.3 s
+  against the floor's 118.4 s. 8B/4090 at load, mean and p99 against the floor: weight 1
+  −28.6 % / +2.7 ± 28.2 %; 0: −30.5 % / −10.9 ± 3.6 %; 0.5: −31.2 % / −12.0 ± 0.8 %. The other
+  cells moved by under 0.3 points in mean.
+* ``fig14``'s Routing mix (``dynbranch experiment fig14 --jobs 2``: 1,200 requests, 2 seeds,
+  7 rates), weight 0.5 against 1 in the same tree: ``full`` 0.2-1.3 % faster at 0.5, 1, 4 and
+  8 req/s and 0.2 % slower at 2, but 2.4 % and 2.6 % slower at 12 and 16 req/s, where it fell
+  behind ``c1`` (C2's further saving +0.46 → −0.42 s and +0.28 → −0.79 s; fills per request
+  at 16 req/s 0.36 → 0.45). At 16 req/s seed 0 the gate admitted 396 fills against 290, whose
+  engine time slowed every canonical stage (10.49 → 11.00 s mean): the gate's price did not
+  refuse them, so the saturated case is C3's to price, which weight 1 had masked.
 
-In the other cells ``full``'s mean moved by under 0.3 points at any weight (its p99 by up to
-1 point). 0.5 was chosen among those three on those cells; no finer sweep was run."""
+So weight 1 stays the default until the gate prices a saturated engine's fills; a lower weight
+suits small KV pools below saturation."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,8 @@ class EnginePool:
     """The engines of each model role, with the open-call counts placement decides on.
 
     ``clock`` paces the health probes (without it, a down engine stays down for the run);
-    ``health`` says how often.
+    ``health`` says how often; ``fill_load`` (>= 0) is what an open fill weighs, against an
+    open canonical call, when a canonical call is placed (:data:`FILL_LOAD` by default).
     """
 
     def __init__(
@@ -113,11 +121,15 @@ class EnginePool:
         *,
         clock: Clock | None = None,
         health: HealthPolicy | None = None,
+        fill_load: float | None = None,
     ) -> None:
         self._engines = {role: [_Engine(c) for c in cs] for role, cs in clients.items()}
         self._placement = {role: placement() for role in self._engines}
         self.clock, self.health = clock, health or HealthPolicy()
         self._sweep: asyncio.Task | None = None
+        self.fill_load = FILL_LOAD if fill_load is None else fill_load
+        if not (math.isfinite(self.fill_load) and self.fill_load >= 0.0):
+            raise ValueError(f"fill_load must be finite and >= 0, got {self.fill_load!r}")
         self._remote = any(e.client.remote for es in self._engines.values() for e in es)
         self._where: dict[str, _Engine] = {}  # an open call's id → the engine running it
         self._canonical: dict[str, _Engine] = {}  # open calls counted as canonical → where
@@ -234,8 +246,8 @@ class EnginePool:
             )
         # NOTE: a down engine reads saturated to the policy, which then places elsewhere; a
         # policy that picks it anyway (prefix affinity within its guard) is overridden.
-        # NOTE: a canonical call weighs the engines' open fills at FILL_LOAD (see there).
-        counts = ([e.canonical + FILL_LOAD * (e.open - e.canonical) for e in engines]
+        # NOTE: a canonical call weighs the engines' open fills at fill_load (FILL_LOAD).
+        counts = ([e.canonical + self.fill_load * (e.open - e.canonical) for e in engines]
                   if request.priority <= CANONICAL else [e.open for e in engines])
         outstanding = [c if i in usable else SATURATED for i, c in enumerate(counts)]
         i, note = self._placement[role].place(outstanding, request)
