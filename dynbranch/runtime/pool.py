@@ -246,9 +246,12 @@ class EnginePool:
             )
         # NOTE: a down engine reads saturated to the policy, which then places elsewhere; a
         # policy that picks it anyway (prefix affinity within its guard) is overridden.
-        # NOTE: a canonical call weighs the engines' open fills at fill_load (FILL_LOAD).
-        counts = ([e.canonical + self.fill_load * (e.open - e.canonical) for e in engines]
-                  if request.priority <= CANONICAL else [e.open for e in engines])
+        # NOTE: a canonical call weighs the engines' open fills at fill_load (FILL_LOAD); at
+        # a whole call that is every open call, counted as a fill's are (no float arithmetic
+        # on each placement of the default)
+        w = self.fill_load
+        counts = ([e.canonical + w * (e.open - e.canonical) for e in engines]
+                  if request.priority <= CANONICAL and w != 1.0 else [e.open for e in engines])
         outstanding = [c if i in usable else SATURATED for i, c in enumerate(counts)]
         i, note = self._placement[role].place(outstanding, request)
         if i not in usable:
