@@ -502,14 +502,14 @@ def test_canonical_calls_weigh_open_fills_at_fill_load_and_fills_weigh_all():
     assert end == [(0, 0), (0, 0)] and left == {}
 
 
-@pytest.mark.parametrize("fill_load", [None, 0.0, 0.5])
+@pytest.mark.parametrize("fill_load", [None, 0.0, 1.0])
 def test_fill_load_weighs_fills_against_canonical_calls(fill_load):
     clock = VirtualClock()
     engines = [FakeEngine(f"e{i}", clock) for i in range(2)]
     pool = EnginePool({"target": engines}, LeastOutstanding, clock=clock, fill_load=fill_load)
     e0, e1 = pool._engines["target"]
     weight = FILL_LOAD if fill_load is None else fill_load
-    assert FILL_LOAD == 1.0 and pool.fill_load == weight
+    assert FILL_LOAD == 0.5 and pool.fill_load == weight
 
     def place(fill: bool) -> int:
         return pool._place("target", req(9, fill=fill), [])[0]

@@ -3,9 +3,9 @@
 A policy is a small object that picks an index from the engines' outstanding-call counts
 (kept by the pool, so picking costs no round trip to the engines): for a fill all their open
 calls, for a canonical call their open canonical calls plus each open fill at the pool's
-weight (whole by default; :data:`dynbranch.runtime.pool.FILL_LOAD` says what lighter weights
-did), so a count may be fractional. Arms choose a policy by name; cache-aware arms add their
-own.
+weight (half a call by default; :data:`dynbranch.runtime.pool.FILL_LOAD` says what other
+weights did), so a count may be fractional. Arms choose a policy by name; cache-aware arms
+add their own.
 """
 
 from __future__ import annotations

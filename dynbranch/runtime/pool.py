@@ -2,8 +2,8 @@
 
 :class:`EnginePool` keeps each engine's open-call counts (what placement decides on) and its
 health. A fill is placed on the engines' open calls; a canonical call on their open canonical
-calls with each open fill weighed at ``fill_load`` (:data:`FILL_LOAD`, whole by default, which
-says what lighter weights did). An engine is *down* from the moment a call on it raises
+calls with each open fill weighed at ``fill_load`` (:data:`FILL_LOAD`, half a call by default,
+which says what other weights did). An engine is *down* from the moment a call on it raises
 :class:`~dynbranch.errors.EngineDied`, its load cannot be read, or a health sweep finds it
 not serving, until its health probe answers again (Ray restarts a dead engine actor; the
 pool only watches). A down engine gets no calls: placement sees it saturated and the pool
@@ -33,7 +33,7 @@ TARGET_ROLE = "target"
 """The model role whose engines serve the workflow's LLM stages and their fills."""
 DRAFTER_ROLE = "drafter"
 """The model role of the engines predictors draft on (never serves a stage, never priced)."""
-FILL_LOAD = 1.0
+FILL_LOAD = 0.5
 """What one open fill weighs, against one open canonical call, when a canonical call is placed
 (the pool's default; :class:`EnginePool` takes another).
 
@@ -52,14 +52,19 @@ Measured at weights 0, 0.5 and 1 on 2026-12-07 (virtual clock, ``full``):
   cells moved by under 0.3 points in mean.
 * ``fig14``'s Routing mix (``dynbranch experiment fig14 --jobs 2``: 1,200 requests, 2 seeds,
   7 rates), weight 0.5 against 1 in the same tree: ``full`` 0.2-1.3 % faster at 0.5, 1, 4 and
-  8 req/s and 0.2 % slower at 2, but 2.4 % and 2.6 % slower at 12 and 16 req/s, where it fell
-  behind ``c1`` (C2's further saving +0.46 → −0.42 s and +0.28 → −0.79 s; fills per request
-  at 16 req/s 0.36 → 0.45). At 16 req/s seed 0 the gate admitted 396 fills against 290, whose
-  engine time slowed every canonical stage (10.49 → 11.00 s mean): the gate's price did not
-  refuse them, so the saturated case is C3's to price, which weight 1 had masked.
+  8 req/s, 0.2 % slower at 2, and 2.4 % and 2.6 % slower at 12 and 16 req/s (saturated: mean
+  latency 40-45 s), which put it behind ``c1`` there.
+* The saturated rates again over 8 seeds (seeds 0-7, 1,200 requests each, the same cells),
+  ``full``'s latency less ``c1``'s (mean over seeds, standard error): at 12 req/s weight 1
+  +0.27 s (0.27), weight 0.5 +0.73 s (0.22); at 16 req/s +0.78 s (0.37) and +0.90 s (0.26).
+  So at saturation ``full`` trails ``c1`` by 1-2 % at either weight (the 2 seeds above, where
+  weight 1 was ahead, were lucky ones), and the weight's own cost there is 0.1-0.5 s in
+  40-45 s. Pricing every fill 2 or 4 times higher, or scaling audits by the engines' idle
+  share, left ``full`` 0.1-0.5 s behind ``c1`` as well (C3 at saturation stays open).
 
-So weight 1 stays the default until the gate prices a saturated engine's fills; a lower weight
-suits small KV pools below saturation."""
+So 0.5 is the default (since 2026-12-08): it removes a p99 tail worse than the floor's at
+realistic load for a cost within noise at saturation. Weight 1 is the placement of every
+commit before 08c862f."""
 
 
 @dataclass(frozen=True)
@@ -247,8 +252,7 @@ class EnginePool:
         # NOTE: a down engine reads saturated to the policy, which then places elsewhere; a
         # policy that picks it anyway (prefix affinity within its guard) is overridden.
         # NOTE: a canonical call weighs the engines' open fills at fill_load (FILL_LOAD); at
-        # a whole call that is every open call, counted as a fill's are (no float arithmetic
-        # on each placement of the default)
+        # a whole call that is every open call, counted as a fill's are (no float arithmetic)
         w = self.fill_load
         counts = ([e.canonical + w * (e.open - e.canonical) for e in engines]
                   if request.priority <= CANONICAL and w != 1.0 else [e.open for e in engines])
