@@ -54,13 +54,14 @@ Measured at weights 0, 0.5 and 1 on 2026-12-07 (virtual clock, ``full``):
   7 rates), weight 0.5 against 1 in the same tree: ``full`` 0.2-1.3 % faster at 0.5, 1, 4 and
   8 req/s, 0.2 % slower at 2, and 2.4 % and 2.6 % slower at 12 and 16 req/s (saturated: mean
   latency 40-45 s), which put it behind ``c1`` there.
-* The saturated rates again over 8 seeds (seeds 0-7, 1,200 requests each, the same cells),
-  ``full``'s latency less ``c1``'s (mean over seeds, standard error): at 12 req/s weight 1
-  +0.27 s (0.27), weight 0.5 +0.73 s (0.22); at 16 req/s +0.78 s (0.37) and +0.90 s (0.26).
-  So at saturation ``full`` trails ``c1`` by 1-2 % at either weight (the 2 seeds above, where
-  weight 1 was ahead, were lucky ones), and the weight's own cost there is 0.1-0.5 s in
-  40-45 s. Pricing every fill 2 or 4 times higher, or scaling audits by the engines' idle
-  share, left ``full`` 0.1-0.5 s behind ``c1`` as well (C3 at saturation stays open).
+* The saturated rates again over 8 seeds (seeds 0-7, 1,200 requests each, the same cells;
+  ``python scripts/fig14_saturation.py``, 2026-12-08), ``full``'s latency less ``c1``'s
+  (mean over seeds, standard error): at 12 req/s weight 1 +0.27 s (0.27), weight 0.5 +0.73 s
+  (0.22); at 16 req/s +0.78 s (0.37) and +0.90 s (0.26). So at saturation ``full`` trails
+  ``c1`` by 0.7-2 % at either weight (the 2 seeds above, where weight 1 was ahead, were lucky
+  ones), and the weight's own cost there is 0.1-0.5 s in 40-45 s. Pricing every fill 2 or 4
+  times higher, or scaling audits by the engines' idle share (a one-off patch of the same
+  cells), left ``full`` 0.1-0.5 s behind ``c1`` as well: C3 at saturation stays open.
 
 So 0.5 is the default (since 2026-12-08): it removes a p99 tail worse than the floor's at
 realistic load for a cost within noise at saturation. Weight 1 is the placement of every
